@@ -1,0 +1,91 @@
+"""pgoutput text values -> JSON fragments, matching PostgreSQL's own `to_jsonb` output.
+
+The change log stores records as jsonb, and backfills read rows with `to_jsonb(row)`: so a change and
+a read of the same row must produce the same JSON. Converting text straight to a JSON fragment (no
+Python value in between) is also what keeps the drain fast. Requires the replication session to run
+with TimeZone=UTC, as `to_jsonb` does in the backfill session.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from functools import cache
+
+from cdc_pipeline.postgres import pgtypes
+
+# json's C string encoder: escapes and quotes in one call.
+_quote: Callable[[str], str] = json.encoder.encode_basestring  # type: ignore[attr-defined]
+
+_NUMBERS = {20, 21, 23, 26, 700, 701, 1700}  # int8 int2 int4 oid float4 float8 numeric
+_JSON = {114, 3802}
+_SPECIAL_NUMBERS = {"NaN": '"NaN"', "Infinity": '"Infinity"', "-Infinity": '"-Infinity"'}
+
+_ARRAY_OIDS = frozenset(o.value for o in pgtypes.OID if o.name.endswith("_ARRAY"))
+
+Fragment = Callable[[bytes], str]
+
+
+def _number(raw: bytes) -> str:
+    text = raw.decode()
+    return _SPECIAL_NUMBERS.get(text, text)
+
+
+def _bool(raw: bytes) -> str:
+    return "true" if raw == b"t" else "false"
+
+
+def _raw_json(raw: bytes) -> str:
+    return raw.decode()
+
+
+def _string(raw: bytes) -> str:
+    return _quote(raw.decode())
+
+
+def _timestamp(raw: bytes) -> str:
+    text = raw.decode()
+    if text[0].isdigit() and not text.endswith(" BC"):
+        text = text.replace(" ", "T", 1)
+    return _quote(text)
+
+
+def _timestamptz(raw: bytes) -> str:
+    text = raw.decode()
+    if text[0].isdigit() and not text.endswith(" BC"):
+        text = text.replace(" ", "T", 1)
+        # PostgreSQL prints whole-hour offsets as +HH; to_jsonb as +HH:MM.
+        if text[-3] in "+-":
+            text += ":00"
+    return _quote(text)
+
+
+def _array(type_oid: int) -> Fragment:
+    convert = pgtypes.converter(type_oid)
+
+    def fragment(raw: bytes) -> str:
+        return pgtypes.dumps(convert(raw))
+
+    return fragment
+
+
+@cache
+def fragment_for(type_oid: int) -> Fragment:
+    """The encoder for values of one type: text bytes from pgoutput -> JSON text."""
+    if type_oid in _NUMBERS:
+        return _number
+    if type_oid == 16:
+        return _bool
+    if type_oid in _JSON:
+        return _raw_json
+    if type_oid == 1114:
+        return _timestamp
+    if type_oid == 1184:
+        return _timestamptz
+    if type_oid in _ARRAY_OIDS:
+        return _array(type_oid)
+    return _string
+
+
+def quote_name(name: str) -> str:
+    return _quote(name)

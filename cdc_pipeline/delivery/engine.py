@@ -1,0 +1,238 @@
+"""Delivery of one sink: log -> Spark stage -> sink, with parking, retries and per-group order.
+
+Each micro-batch: load the log after the sink's offset, run the Spark stage, hold back messages whose
+group already has a parked message, hand the rest to the sink, park what failed (and what is behind it
+in its group), then advance the sink's offset past the whole batch. So a poison message never stalls
+the other groups, and a group never delivers a message before an earlier one of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import IO
+
+import psycopg
+import pyarrow as pa
+from pyspark.sql import SparkSession
+
+from cdc_pipeline.config import PipelineConfig, SinkConfig
+from cdc_pipeline.delivery.backoff import next_delay_ms
+from cdc_pipeline.delivery.spark_stage import SinkPlan, run_stage
+from cdc_pipeline.sinks import build_sink
+from cdc_pipeline.sinks.base import OutboundMessage, Sink
+from cdc_pipeline.state.store import Position, Store
+
+log = logging.getLogger(__name__)
+
+HELD = "held behind an earlier failed message of its group"
+
+
+class SinkBusy(RuntimeError):
+    pass
+
+
+@dataclass
+class DeliveryStats:
+    sink: str
+    batches: int = 0
+    read: int = 0
+    delivered: int = 0
+    filtered: int = 0
+    parked: int = 0
+    retried: int = 0
+    discarded: int = 0
+    seconds: float = 0.0
+    offset: Position = (0, -1)
+    lag_messages: int = 0
+
+    @property
+    def rate(self) -> float:
+        return self.delivered / self.seconds if self.seconds else 0.0
+
+    def as_metadata(self) -> dict[str, float | int | str]:
+        return {
+            "messages_delivered": self.delivered, "messages_parked": self.parked,
+            "messages_discarded": self.discarded, "messages_filtered": self.filtered,
+            "messages_retried": self.retried, "batches": self.batches,
+            "throughput_msgs_per_s": round(self.rate, 1), "lag_messages": self.lag_messages,
+            "offset": f"{self.offset[0]}:{self.offset[1]}",
+        }
+
+
+def messages_from(out: pa.Table) -> list[OutboundMessage]:
+    cols = [out.column(c).to_pylist() for c in ("commit_lsn", "commit_idx", "group_key", "route", "payload")]
+    return [OutboundMessage(f"{lsn}:{idx}", group, route, payload.encode())
+            for lsn, idx, group, route, payload in zip(*cols, strict=True)]
+
+
+def position_of(message: OutboundMessage) -> Position:
+    lsn, _, idx = message.key.partition(":")
+    return int(lsn), int(idx)
+
+
+class Deliverer:
+    def __init__(self, config: PipelineConfig, sink_config: SinkConfig, spark: SparkSession,
+                 sink: Sink | None = None, dry_run: bool = False, dry_run_out: IO[str] | None = None) -> None:
+        self.config = config
+        self.sink_config = sink_config
+        self.spark = spark
+        self.store = Store(config.state.schema_name)
+        self.plan = SinkPlan.build(config, sink_config)
+        self.dry_run = dry_run
+        self.dry_run_out = dry_run_out or sys.stdout
+        self.sink = None if dry_run else (sink or build_sink(sink_config))
+        self.batch_size = sink_config.batch_size or config.delivery.batch_size
+        self._stop = threading.Event()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self, until_idle: bool = True, seconds: float | None = None) -> DeliveryStats:
+        stats = DeliveryStats(self.sink_config.name)
+        started = time.monotonic()
+        name = self.sink_config.name
+        with psycopg.connect(self.config.state_dsn) as conn:
+            got = conn.execute("SELECT pg_try_advisory_lock(hashtext(%s))",
+                               (f"cdc_pipeline.deliver:{name}",)).fetchone()
+            conn.commit()
+            if not (got and got[0]) and not self.dry_run:
+                raise SinkBusy(f"sink {name!r} is already being delivered by another process")
+            if self.sink is not None:
+                self.sink.open()
+                self.sink.prepare(lambda table: self.store.table_info(conn, table))
+            try:
+                offset = self.store.sink_offset(conn, name)
+                if self.sink is not None:
+                    held = self.sink.position()
+                    if held is not None and held > offset:  # the sink committed before we did
+                        offset = held
+                conn.commit()
+                while not self._stop.is_set():
+                    if seconds is not None and time.monotonic() - started >= seconds:
+                        break
+                    if not self.dry_run:
+                        self._retry_due(conn, stats)
+                    n, offset = self._batch(conn, offset, stats)
+                    if n == 0:
+                        if until_idle:
+                            break
+                        self._stop.wait(self.config.delivery.idle_seconds)
+                stats.offset = offset
+                stats.lag_messages = self.store.count_after(conn, self.sink_config.tables, offset)
+                conn.commit()
+            finally:
+                if self.sink is not None:
+                    self.sink.close()
+        stats.seconds = time.monotonic() - started
+        return stats
+
+    def _schemas(self, conn: psycopg.Connection) -> dict[str, list[dict[str, object]]]:
+        return self.store.relation_columns(conn) if self.plan.needs_record else {}
+
+    def _batch(self, conn: psycopg.Connection, offset: Position, stats: DeliveryStats) -> tuple[int, Position]:
+        batch = self.store.load_batch(conn, self.sink_config.tables, offset, self.batch_size)
+        conn.commit()
+        if batch.num_rows == 0:
+            return 0, offset
+        last: Position = (batch.column("commit_lsn")[-1].as_py(), batch.column("commit_idx")[-1].as_py())
+        last_ts = batch.column("commit_ts")[-1].as_py()
+        out = run_stage(self.spark, self.plan, batch, self._schemas(conn))
+        messages = messages_from(out)
+        stats.batches += 1
+        stats.read += batch.num_rows
+        stats.filtered += batch.num_rows - len(messages)
+        if self.dry_run:
+            for m in messages:
+                self.dry_run_out.write(m.payload.decode() + "\n")
+            stats.delivered += len(messages)
+            return batch.num_rows, last
+        name = self.sink_config.name
+        blocked = self.store.parked_groups(conn, name) if self.sink_config.message_grouping else set()
+        send = [m for m in messages if m.group is None or m.group not in blocked]
+        held = [m for m in messages if m.group is not None and m.group in blocked]
+        results = self._deliver(send)
+        parked = self._park_failures(conn, send, results, held)
+        delivered = sum(1 for r in results if r is None)
+        self.store.advance_offset(conn, name, last, delivered, batch.num_rows - len(messages), parked, last_ts)
+        conn.commit()
+        stats.delivered += delivered
+        stats.parked += parked
+        return batch.num_rows, last
+
+    def _deliver(self, messages: Sequence[OutboundMessage]) -> list[str | None]:
+        if not messages:
+            return []
+        assert self.sink is not None
+        results = self.sink.deliver(messages)
+        if len(results) != len(messages):
+            raise RuntimeError(f"sink {self.sink_config.name!r} returned {len(results)} results "
+                               f"for {len(messages)} messages")
+        return results
+
+    def _park_failures(self, conn: psycopg.Connection, sent: Sequence[OutboundMessage],
+                       results: Sequence[str | None], held: Sequence[OutboundMessage]) -> int:
+        backoff = self.sink_config.backoff
+        failed_groups: set[str | None] = set()
+        items: list[tuple[Position, str | None, str, int]] = []
+        for m, err in zip(sent, results, strict=True):
+            if err is None:
+                continue
+            group = m.group if m.group is not None else f"~{m.key}"  # ungrouped: its own group
+            first = group not in failed_groups
+            failed_groups.add(group)
+            items.append((position_of(m), group, err if first else HELD, 1 if first else 0))
+        items += [(position_of(m), m.group, HELD, 0) for m in held]
+        items.sort(key=lambda it: it[0])
+        delays = [next_delay_ms(max(1, a), backoff.initial_ms, backoff.max_ms, backoff.multiplier, backoff.jitter)
+                  if a else 0 for _, _, _, a in items]
+        self.store.park(conn, self.sink_config.name, items, delays)
+        return len(items)
+
+    def _retry_due(self, conn: psycopg.Connection, stats: DeliveryStats) -> None:
+        due = self.store.due_retries(conn, self.sink_config.name, self.batch_size)
+        if not due:
+            conn.commit()
+            return
+        attempts = {pos: a for pos, _, a in due}
+        groups = {pos: g for pos, g, _ in due}
+        batch = self.store.load_positions(conn, [pos for pos, _, _ in due])
+        out = run_stage(self.spark, self.plan, batch, self._schemas(conn))
+        messages = messages_from(out)
+        kept = {position_of(m) for m in messages}
+        resolved = [pos for pos in attempts if pos not in kept]  # now filtered out: nothing to deliver
+        for m in messages:  # the group a message was parked under is the one that orders it
+            m.group = groups[position_of(m)]
+        results = self._deliver(messages)
+        backoff = self.sink_config.backoff
+        failed_groups: set[str | None] = set()
+        name = self.sink_config.name
+        for m, err in zip(messages, results, strict=True):
+            pos = position_of(m)
+            if m.group in failed_groups:
+                continue  # stays parked behind its group's head
+            if err is None:
+                resolved.append(pos)
+                stats.retried += 1
+                stats.delivered += 1
+                continue
+            failed_groups.add(m.group)
+            tries = attempts[pos] + 1
+            limit = self.sink_config.max_retries
+            if limit is not None and tries > limit:
+                self.store.discard(conn, name, pos, f"gave up after {tries - 1} retries: {err}")
+                stats.discarded += 1
+            else:
+                delay = next_delay_ms(tries, backoff.initial_ms, backoff.max_ms, backoff.multiplier, backoff.jitter)
+                self.store.park(conn, name, [(pos, m.group, err, tries)], [delay])
+        self.store.resolve(conn, name, resolved)
+        conn.commit()
+
+
+def describe(stats: DeliveryStats) -> str:
+    return json.dumps(stats.as_metadata())

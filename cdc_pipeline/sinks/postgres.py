@@ -1,0 +1,268 @@
+"""Postgres sink: `mirror` keeps a table equal to the source; `append` writes one row per message.
+
+A batch is COPYed into a temp stage table and applied set-wise, in one transaction that also records
+the sink's position in the destination (`cdc_pipeline_sink.offsets`), so a crash between this commit
+and the state database's offset commit is not redelivered.
+
+Mirror: per primary key, everything before the key's last full-state message (insert, read, delete, an
+update carrying every column) is superseded and skipped; what remains is applied in "layers" (the n-th
+remaining message of every key in the n-th MERGE), so per-key order holds. An update that changes the
+key first deletes the old key. Columns left out of a record (unchanged TOAST values) keep their value.
+TRUNCATE splits the batch: messages before it, the truncate, messages after it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import psycopg
+from psycopg import sql
+
+from cdc_pipeline.postgres.catalog import ColumnInfo, TableInfo, describe_table
+from cdc_pipeline.postgres.keyset import parse_qualified
+from cdc_pipeline.sinks.base import OutboundMessage, Sink, SinkUnavailable
+
+OFFSETS_SCHEMA = "cdc_pipeline_sink"
+FIRST_USER_OID = 16384  # types above this (enums, domains, composites) may not exist in the destination
+_TRANSIENT = (psycopg.OperationalError, psycopg.errors.ConnectionTimeout)
+
+
+class PostgresSink(Sink):
+    def __init__(self, sink_config: object) -> None:
+        self.name = sink_config.name  # type: ignore[attr-defined]
+        self.dest = sink_config.destination  # type: ignore[attr-defined]
+        self.mode: str = self.dest.mode
+        self.conn: psycopg.Connection | None = None
+        self._describe: Callable[[str], TableInfo | None] = lambda table: None
+        self._shapes: dict[str, tuple[str, ...]] = {}  # target table -> columns it was synced to
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    def open(self) -> None:
+        try:
+            self.conn = psycopg.connect(self.dest.dsn)
+        except psycopg.OperationalError as exc:
+            raise SinkUnavailable(f"postgres sink {self.name!r}: cannot connect ({type(exc).__name__})") from exc
+        self.conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(OFFSETS_SCHEMA)))
+        self.conn.execute(sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {}.offsets (sink text PRIMARY KEY, commit_lsn bigint NOT NULL, "
+            "commit_idx integer NOT NULL, updated_at timestamptz NOT NULL DEFAULT now())"
+        ).format(sql.Identifier(OFFSETS_SCHEMA)))
+        self.conn.execute(
+            "CREATE TEMP TABLE IF NOT EXISTS _cdc_stage (seq integer, lsn bigint, idx integer, grp text, "
+            "route text, msg jsonb) ON COMMIT DELETE ROWS"
+        )
+        self.conn.commit()
+
+    def prepare(self, describe: Callable[[str], TableInfo | None]) -> None:
+        self._describe = describe
+
+    def position(self) -> tuple[int, int] | None:
+        assert self.conn is not None
+        row = self.conn.execute(
+            sql.SQL("SELECT commit_lsn, commit_idx FROM {}.offsets WHERE sink = %s").format(
+                sql.Identifier(OFFSETS_SCHEMA)), (self.name,)).fetchone()
+        self.conn.commit()
+        return (int(row[0]), int(row[1])) if row else None
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+    # -- delivery ---------------------------------------------------------------------------------
+    def deliver(self, batch: Sequence[OutboundMessage]) -> list[str | None]:
+        if not batch:
+            return []
+        try:
+            try:
+                self._apply(batch)
+                return [None] * len(batch)
+            except psycopg.Error as exc:
+                if isinstance(exc, _TRANSIENT):
+                    raise
+                assert self.conn is not None
+                self.conn.rollback()
+            return self._apply_one_by_one(batch)
+        except _TRANSIENT as exc:
+            raise SinkUnavailable(f"postgres sink {self.name!r}: {type(exc).__name__}: {exc}") from exc
+
+    def _apply_one_by_one(self, batch: Sequence[OutboundMessage]) -> list[str | None]:
+        """Find the messages the destination rejects; later messages of a failed group are not tried."""
+        assert self.conn is not None
+        results: list[str | None] = []
+        failed: set[str] = set()
+        for m in batch:
+            if m.group is not None and m.group in failed:
+                results.append("held behind an earlier failed message of its group")
+                continue
+            try:
+                with self.conn.transaction():
+                    self._apply_in_tx([m])
+                results.append(None)
+            except psycopg.Error as exc:
+                if isinstance(exc, _TRANSIENT):
+                    raise
+                results.append(f"{type(exc).__name__}: {str(exc).strip()[:500]}")
+                if m.group is not None:
+                    failed.add(m.group)
+        self.conn.commit()
+        return results
+
+    def _apply(self, batch: Sequence[OutboundMessage]) -> None:
+        assert self.conn is not None
+        with self.conn.transaction():
+            self._apply_in_tx(batch)
+
+    def _apply_in_tx(self, batch: Sequence[OutboundMessage]) -> None:
+        assert self.conn is not None
+        conn = self.conn
+        conn.execute("TRUNCATE _cdc_stage")
+        last = (0, -1)
+        with conn.cursor().copy("COPY _cdc_stage (seq, lsn, idx, grp, route, msg) FROM STDIN") as copy:
+            for seq, m in enumerate(batch):
+                lsn, _, idx = m.key.partition(":")
+                pos = (int(lsn), int(idx))
+                last = max(last, pos)
+                copy.write_row((seq, pos[0], pos[1], m.group, m.route, m.payload.decode()))
+        if self.mode == "append":
+            self._append()
+        else:
+            self._mirror(len(batch))
+        conn.execute(sql.SQL(
+            "INSERT INTO {}.offsets AS o (sink, commit_lsn, commit_idx) VALUES (%s, %s, %s) "
+            "ON CONFLICT (sink) DO UPDATE SET commit_lsn = excluded.commit_lsn, commit_idx = excluded.commit_idx, "
+            "updated_at = now() WHERE (o.commit_lsn, o.commit_idx) < (excluded.commit_lsn, excluded.commit_idx)"
+        ).format(sql.Identifier(OFFSETS_SCHEMA)), (self.name, last[0], last[1]))
+
+    # -- append -----------------------------------------------------------------------------------
+    def _append(self) -> None:
+        assert self.conn is not None
+        routes = [r[0] for r in self.conn.execute("SELECT DISTINCT route FROM _cdc_stage").fetchall()]
+        for route in routes:
+            target = parse_qualified(route or self.dest.table)
+            ident = sql.Identifier(*target)
+            self.conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(target[0])))
+            self.conn.execute(sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {} (idempotency_key text PRIMARY KEY, commit_lsn bigint NOT NULL, "
+                "commit_idx integer NOT NULL, table_schema text, table_name text, action text, "
+                "message jsonb NOT NULL, delivered_at timestamptz NOT NULL DEFAULT now())").format(ident))
+            self.conn.execute(sql.SQL(
+                "INSERT INTO {} (idempotency_key, commit_lsn, commit_idx, table_schema, table_name, action, message) "
+                "SELECT lsn || ':' || idx, lsn, idx, msg->'metadata'->>'table_schema', "
+                "msg->'metadata'->>'table_name', msg->>'action', msg FROM _cdc_stage "
+                "WHERE route IS NOT DISTINCT FROM %s ORDER BY seq ON CONFLICT (idempotency_key) DO NOTHING"
+            ).format(ident), (route,))
+
+    # -- mirror -----------------------------------------------------------------------------------
+    def _target(self, source_table: str) -> tuple[str, str]:
+        schema, _, table = source_table.partition(".")
+        return parse_qualified(self.dest.table.format(schema=schema, table=table))
+
+    def _sync_table(self, source_table: str) -> tuple[tuple[str, str], TableInfo]:
+        """Create the mirror table if missing; follow the source's columns (ALTER TABLE mid-stream)."""
+        assert self.conn is not None
+        info = self._describe(source_table)
+        if info is None or not info.primary_key:
+            raise ValueError(f"mirror of {source_table}: no primary key known for the source table")
+        target = self._target(source_table)
+        columns = tuple(c.name for c in info.columns)
+        if self._shapes.get(".".join(target)) == columns:
+            return target, info
+        ident = sql.Identifier(*target)
+        self.conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(target[0])))
+        current = describe_table(self.conn, *target)
+        if current is None:
+            self.conn.execute(sql.SQL("CREATE TABLE {} ({}, PRIMARY KEY ({}))").format(
+                ident,
+                sql.SQL(", ").join(sql.SQL("{} {}").format(sql.Identifier(c.name), _column_type(c))
+                                   for c in info.columns),
+                sql.SQL(", ").join(map(sql.Identifier, info.primary_key))))
+        else:
+            have = {c.name for c in current.columns}
+            for c in info.columns:
+                if c.name not in have:
+                    self.conn.execute(sql.SQL("ALTER TABLE {} ADD COLUMN {} {}").format(
+                        ident, sql.Identifier(c.name), _column_type(c)))
+            for name in have - set(columns):
+                self.conn.execute(sql.SQL("ALTER TABLE {} DROP COLUMN {}").format(ident, sql.Identifier(name)))
+        self._shapes[".".join(target)] = columns
+        return target, info
+
+    def _mirror(self, n: int) -> None:
+        assert self.conn is not None
+        conn = self.conn
+        tables = [f"{r[0]}.{r[1]}" for r in conn.execute(
+            "SELECT DISTINCT msg->'metadata'->>'table_schema', msg->'metadata'->>'table_name' FROM _cdc_stage"
+        ).fetchall()]
+        for table in tables:
+            schema, _, name = table.partition(".")
+            target, info = self._sync_table(table)
+            truncates = [r[0] for r in conn.execute(
+                "SELECT seq FROM _cdc_stage WHERE msg->>'action' = 'truncate' AND msg->'metadata'->>'table_schema' = %s "
+                "AND msg->'metadata'->>'table_name' = %s ORDER BY seq", (schema, name)).fetchall()]
+            start = 0
+            for cut in [*truncates, n]:
+                self._mirror_segment(target, info, schema, name, start, cut)
+                if cut < n:
+                    conn.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(*target)))
+                start = cut + 1
+
+    def _mirror_segment(self, target: tuple[str, str], info: TableInfo, schema: str, name: str,
+                        lo: int, hi: int) -> None:
+        assert self.conn is not None
+        conn = self.conn
+        ident = sql.Identifier(*target)
+        pk = info.primary_key
+        cols = [c.name for c in info.columns]
+        pk_json = sql.SQL("jsonb_build_array({})").format(
+            sql.SQL(", ").join(sql.SQL("rec -> {}").format(sql.Literal(k)) for k in pk))
+        old_pk_json = sql.SQL("jsonb_build_array({})").format(sql.SQL(", ").join(
+            sql.SQL("(s.msg->'record' || coalesce(s.msg->'changes', '{{}}')) -> {}").format(sql.Literal(k))
+            for k in pk))
+        new_pk_json = sql.SQL("jsonb_build_array({})").format(
+            sql.SQL(", ").join(sql.SQL("s.msg->'record' -> {}").format(sql.Literal(k)) for k in pk))
+        where = sql.SQL(
+            "s.msg->'metadata'->>'table_schema' = {} AND s.msg->'metadata'->>'table_name' = {} "
+            "AND s.seq >= {} AND s.seq < {}").format(sql.Literal(schema), sql.Literal(name),
+                                                     sql.Literal(lo), sql.Literal(hi))
+        conn.execute("DROP TABLE IF EXISTS _cdc_effects")
+        conn.execute(sql.SQL(
+            "CREATE TEMP TABLE _cdc_effects ON COMMIT DROP AS "
+            "WITH e AS ("
+            "  SELECT s.seq * 2 AS seq, 'delete' AS kind, s.msg->'record' || coalesce(s.msg->'changes', '{{}}') AS rec,"
+            "         true AS full_state"
+            "  FROM _cdc_stage s WHERE {where} AND s.msg->>'action' = 'update' AND {old_pk} <> {new_pk}"
+            "  UNION ALL"
+            "  SELECT s.seq * 2 + 1, CASE WHEN s.msg->>'action' = 'delete' THEN 'delete' ELSE 'upsert' END,"
+            "         s.msg->'record', s.msg->>'action' = 'delete' OR s.msg->'record' ?& {cols}"
+            "  FROM _cdc_stage s WHERE {where} AND s.msg->>'action' IN ('insert', 'update', 'delete', 'read')"
+            "), k AS (SELECT e.*, {pk_json} AS pkj FROM e),"
+            " w AS (SELECT k.*, max(CASE WHEN full_state THEN seq END) OVER (PARTITION BY pkj) AS last_full FROM k)"
+            " SELECT seq, kind, rec, row_number() OVER (PARTITION BY pkj ORDER BY seq) AS layer"
+            " FROM w WHERE seq >= coalesce(last_full, 0)"
+        ).format(where=where, old_pk=old_pk_json, new_pk=new_pk_json, pk_json=pk_json,
+                 cols=sql.Literal(cols)))
+        row = conn.execute("SELECT coalesce(max(layer), 0) FROM _cdc_effects").fetchone()
+        layers = int(row[0]) if row else 0
+        on = sql.SQL(" AND ").join(sql.SQL("t.{k} = s.{k}").format(k=sql.Identifier(k)) for k in pk)
+        assign = sql.SQL(", ").join(
+            sql.SQL("{c} = CASE WHEN s._cdc_rec ? {name} THEN s.{c} ELSE t.{c} END").format(
+                c=sql.Identifier(c), name=sql.Literal(c)) for c in cols if c not in pk)
+        col_list = sql.SQL(", ").join(map(sql.Identifier, cols))
+        values = sql.SQL(", ").join(sql.SQL("s.{}").format(sql.Identifier(c)) for c in cols)
+        merge = sql.SQL(
+            "MERGE INTO {t} t USING (SELECT e.kind AS _cdc_kind, e.rec AS _cdc_rec, r.* FROM _cdc_effects e, "
+            "jsonb_populate_record(NULL::{t}, e.rec) r WHERE e.layer = %s) s ON {on} "
+            "WHEN MATCHED AND s._cdc_kind = 'delete' THEN DELETE "
+            + ("WHEN MATCHED THEN UPDATE SET {assign} " if cols != list(pk) else "")
+            + "WHEN NOT MATCHED AND s._cdc_kind = 'upsert' THEN INSERT ({cols}) VALUES ({values})"
+        ).format(t=ident, on=on, assign=assign, cols=col_list, values=values)
+        for layer in range(1, layers + 1):
+            conn.execute(merge, (layer,))
+
+
+def _column_type(column: ColumnInfo) -> sql.Composable:
+    # type_sql comes from the source's own catalog (format_type), not from user input.
+    if column.type_oid >= FIRST_USER_OID:
+        return sql.SQL("text[]" if column.type_sql.endswith("[]") else "text")
+    return sql.SQL(column.type_sql)

@@ -1,0 +1,100 @@
+"""The state database's schema: the change log, offsets, checkpoints and failed messages.
+
+Migrations are an ordered list of SQL steps applied once each, recorded in `schema_version`, under an
+advisory lock so two `setup` calls at once cannot race. Positions are (commit_lsn, commit_idx), with
+the LSN held as bigint: cheap to compare and to carry through Arrow.
+"""
+
+from __future__ import annotations
+
+import psycopg
+from psycopg import sql
+
+MIGRATIONS: list[str] = [
+    # 1: the core
+    """
+    CREATE TABLE {s}.change_log (
+        commit_lsn   bigint      NOT NULL,
+        commit_idx   integer     NOT NULL,
+        xid          bigint,
+        table_schema text        NOT NULL,
+        table_name   text        NOT NULL,
+        action       text        NOT NULL,
+        pk           text,
+        record       jsonb,
+        changes      jsonb,
+        commit_ts    timestamptz NOT NULL,
+        backfill_id  text,
+        PRIMARY KEY (commit_lsn, commit_idx)
+    );
+    CREATE TABLE {s}.relations (
+        table_schema     text NOT NULL,
+        table_name       text NOT NULL,
+        relation_id      bigint,
+        replica_identity text,
+        columns          jsonb NOT NULL,
+        primary_key      text[] NOT NULL DEFAULT '{{}}',
+        updated_at       timestamptz NOT NULL DEFAULT now(),
+        PRIMARY KEY (table_schema, table_name)
+    );
+    CREATE TABLE {s}.slot_progress (
+        slot               text PRIMARY KEY,
+        committed_lsn      bigint NOT NULL DEFAULT 0,
+        last_commit_ts     timestamptz,
+        last_heartbeat_at  timestamptz,
+        updated_at         timestamptz NOT NULL DEFAULT now()
+    );
+    CREATE TABLE {s}.sink_offsets (
+        sink        text PRIMARY KEY,
+        commit_lsn  bigint  NOT NULL DEFAULT 0,
+        commit_idx  integer NOT NULL DEFAULT -1,
+        delivered   bigint  NOT NULL DEFAULT 0,
+        filtered    bigint  NOT NULL DEFAULT 0,
+        parked      bigint  NOT NULL DEFAULT 0,
+        discarded   bigint  NOT NULL DEFAULT 0,
+        last_commit_ts timestamptz,
+        updated_at  timestamptz NOT NULL DEFAULT now()
+    );
+    CREATE TABLE {s}.failed_messages (
+        sink            text        NOT NULL,
+        commit_lsn      bigint      NOT NULL,
+        commit_idx      integer     NOT NULL,
+        group_key       text,
+        status          text        NOT NULL DEFAULT 'parked',
+        attempts        integer     NOT NULL DEFAULT 0,
+        last_error      text,
+        first_failed_at timestamptz NOT NULL DEFAULT now(),
+        next_attempt_at timestamptz NOT NULL DEFAULT now(),
+        PRIMARY KEY (sink, commit_lsn, commit_idx)
+    );
+    CREATE INDEX ON {s}.failed_messages (sink, status, group_key);
+    """,
+]
+
+
+def ensure_schema(conn: psycopg.Connection, schema: str) -> int:
+    """Create or migrate the state schema; idempotent. Returns the number of migrations applied."""
+    s = sql.Identifier(schema)
+    with conn.transaction():
+        # One setup at a time per database, keyed on the schema name.
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"cdc_pipeline.schema:{schema}",))
+        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(s))
+        conn.execute(sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {}.schema_version "
+            "(version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
+        ).format(s))
+        row = conn.execute(sql.SQL("SELECT coalesce(max(version), 0) FROM {}.schema_version").format(s)).fetchone()
+        current = int(row[0]) if row else 0
+        for version, ddl in enumerate(MIGRATIONS, start=1):
+            if version <= current:
+                continue
+            conn.execute(sql.SQL(ddl).format(s=s))
+            conn.execute(sql.SQL("INSERT INTO {}.schema_version (version) VALUES (%s)").format(s), (version,))
+        return max(0, len(MIGRATIONS) - current)
+
+
+def schema_exists(conn: psycopg.Connection, schema: str) -> bool:
+    row = conn.execute(
+        "SELECT 1 FROM pg_tables WHERE schemaname = %s AND tablename = 'change_log'", (schema,)
+    ).fetchone()
+    return row is not None

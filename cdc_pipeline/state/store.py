@@ -1,0 +1,147 @@
+"""Reads and writes of the state database: log batches, relations, sink offsets, failed messages."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+import psycopg
+import pyarrow as pa
+from psycopg import sql
+
+from cdc_pipeline.postgres.catalog import ColumnInfo, TableInfo
+
+Position = tuple[int, int]
+
+LOG_ARROW_SCHEMA = pa.schema([
+    ("commit_lsn", pa.int64()), ("commit_idx", pa.int32()), ("xid", pa.int64()),
+    ("table_schema", pa.string()), ("table_name", pa.string()), ("action", pa.string()),
+    ("pk", pa.string()), ("record", pa.string()), ("changes", pa.string()),
+    ("commit_ts", pa.timestamp("us", tz="UTC")), ("backfill_id", pa.string()),
+])
+_SELECT = ("SELECT commit_lsn, commit_idx, xid, table_schema, table_name, action, pk, record::text, "
+           "changes::text, commit_ts, backfill_id FROM {}.change_log ")
+
+
+def _to_arrow(rows: list[tuple[object, ...]]) -> pa.Table:
+    columns = list(zip(*rows, strict=True)) if rows else [[] for _ in LOG_ARROW_SCHEMA]
+    return pa.Table.from_arrays(
+        [pa.array(col, type=f.type) for col, f in zip(columns, LOG_ARROW_SCHEMA, strict=True)],
+        schema=LOG_ARROW_SCHEMA,
+    )
+
+
+@dataclass(frozen=True)
+class Store:
+    schema: str
+
+    @property
+    def s(self) -> sql.Identifier:
+        return sql.Identifier(self.schema)
+
+    # -- the log ----------------------------------------------------------------------------------
+    def load_batch(self, conn: psycopg.Connection, tables: Sequence[str], after: Position, limit: int) -> pa.Table:
+        query = sql.SQL(_SELECT + "WHERE (commit_lsn, commit_idx) > (%s, %s) "
+                        "AND table_schema || '.' || table_name = ANY(%s) "
+                        "ORDER BY commit_lsn, commit_idx LIMIT %s").format(self.s)
+        return _to_arrow(conn.execute(query, (after[0], after[1], list(tables), limit)).fetchall())
+
+    def load_positions(self, conn: psycopg.Connection, positions: Sequence[Position]) -> pa.Table:
+        query = sql.SQL(_SELECT + "WHERE (commit_lsn, commit_idx) IN (SELECT * FROM unnest(%s::bigint[], %s::int[])) "
+                        "ORDER BY commit_lsn, commit_idx").format(self.s)
+        return _to_arrow(conn.execute(query, ([p[0] for p in positions], [p[1] for p in positions])).fetchall())
+
+    def log_head(self, conn: psycopg.Connection, tables: Sequence[str]) -> Position:
+        row = conn.execute(sql.SQL(
+            "SELECT commit_lsn, commit_idx FROM {}.change_log WHERE table_schema || '.' || table_name = ANY(%s) "
+            "ORDER BY commit_lsn DESC, commit_idx DESC LIMIT 1").format(self.s), (list(tables),)).fetchone()
+        return (int(row[0]), int(row[1])) if row else (0, -1)
+
+    def count_after(self, conn: psycopg.Connection, tables: Sequence[str], after: Position) -> int:
+        row = conn.execute(sql.SQL(
+            "SELECT count(*) FROM {}.change_log WHERE (commit_lsn, commit_idx) > (%s, %s) "
+            "AND table_schema || '.' || table_name = ANY(%s)").format(self.s),
+            (after[0], after[1], list(tables))).fetchone()
+        return int(row[0]) if row else 0
+
+    # -- relations --------------------------------------------------------------------------------
+    def relation_columns(self, conn: psycopg.Connection) -> dict[str, list[dict[str, object]]]:
+        rows = conn.execute(sql.SQL(
+            "SELECT table_schema || '.' || table_name, columns FROM {}.relations").format(self.s)).fetchall()
+        return {r[0]: r[1] for r in rows}
+
+    def table_info(self, conn: psycopg.Connection, table: str) -> TableInfo | None:
+        schema, _, name = table.partition(".")
+        row = conn.execute(sql.SQL(
+            "SELECT columns, primary_key, replica_identity FROM {}.relations "
+            "WHERE table_schema = %s AND table_name = %s").format(self.s), (schema, name)).fetchone()
+        if row is None:
+            return None
+        columns, pk, identity = row
+        return TableInfo(schema, name, tuple(
+            ColumnInfo(c["name"], c.get("type_sql") or "text", int(c["type_oid"]), False, c["name"] in pk)
+            for c in columns), tuple(pk), identity or "d")
+
+    # -- sink offsets -----------------------------------------------------------------------------
+    def sink_offset(self, conn: psycopg.Connection, sink: str) -> Position:
+        conn.execute(sql.SQL("INSERT INTO {}.sink_offsets (sink) VALUES (%s) ON CONFLICT DO NOTHING")
+                     .format(self.s), (sink,))
+        row = conn.execute(sql.SQL("SELECT commit_lsn, commit_idx FROM {}.sink_offsets WHERE sink = %s")
+                           .format(self.s), (sink,)).fetchone()
+        assert row is not None
+        return int(row[0]), int(row[1])
+
+    def advance_offset(self, conn: psycopg.Connection, sink: str, position: Position, delivered: int,
+                       filtered: int, parked: int, last_commit_ts: datetime | None) -> None:
+        conn.execute(sql.SQL(
+            "UPDATE {}.sink_offsets SET commit_lsn = %s, commit_idx = %s, delivered = delivered + %s, "
+            "filtered = filtered + %s, parked = parked + %s, "
+            "last_commit_ts = coalesce(%s, last_commit_ts), updated_at = now() "
+            "WHERE sink = %s AND (commit_lsn, commit_idx) <= (%s, %s)").format(self.s),
+            (position[0], position[1], delivered, filtered, parked, last_commit_ts, sink, position[0], position[1]))
+
+    # -- failed messages --------------------------------------------------------------------------
+    def parked_groups(self, conn: psycopg.Connection, sink: str) -> set[str | None]:
+        rows = conn.execute(sql.SQL(
+            "SELECT DISTINCT group_key FROM {}.failed_messages WHERE sink = %s AND status = 'parked'")
+            .format(self.s), (sink,)).fetchall()
+        return {r[0] for r in rows}
+
+    def park(self, conn: psycopg.Connection, sink: str, items: Sequence[tuple[Position, str | None, str, int]],
+             delay_ms: Sequence[int]) -> None:
+        """items: (position, group, error, attempts); a held message has attempts 0."""
+        if not items:
+            return
+        conn.cursor().executemany(sql.SQL(
+            "INSERT INTO {}.failed_messages (sink, commit_lsn, commit_idx, group_key, attempts, last_error, "
+            "next_attempt_at) VALUES (%s, %s, %s, %s, %s, %s, now() + make_interval(secs => %s / 1000.0)) "
+            "ON CONFLICT (sink, commit_lsn, commit_idx) DO UPDATE SET attempts = excluded.attempts, "
+            "last_error = excluded.last_error, next_attempt_at = excluded.next_attempt_at, status = 'parked'")
+            .format(self.s),
+            [(sink, p[0], p[1], g, a, e, d) for (p, g, e, a), d in zip(items, delay_ms, strict=True)])
+
+    def due_retries(self, conn: psycopg.Connection, sink: str, limit: int) -> list[tuple[Position, str | None, int]]:
+        """Parked messages of groups whose head is due, in log order: (position, group, attempts)."""
+        rows = conn.execute(sql.SQL(
+            "WITH heads AS (SELECT DISTINCT ON (group_key) group_key, next_attempt_at FROM {s}.failed_messages "
+            "  WHERE sink = %s AND status = 'parked' ORDER BY group_key, commit_lsn, commit_idx) "
+            "SELECT f.commit_lsn, f.commit_idx, f.group_key, f.attempts FROM {s}.failed_messages f "
+            "JOIN heads h ON h.group_key IS NOT DISTINCT FROM f.group_key "
+            "WHERE f.sink = %s AND f.status = 'parked' AND h.next_attempt_at <= now() "
+            "ORDER BY f.commit_lsn, f.commit_idx LIMIT %s").format(s=self.s), (sink, sink, limit)).fetchall()
+        return [((int(r[0]), int(r[1])), r[2], int(r[3])) for r in rows]
+
+    def resolve(self, conn: psycopg.Connection, sink: str, positions: Sequence[Position]) -> None:
+        if positions:
+            conn.execute(sql.SQL(
+                "DELETE FROM {}.failed_messages WHERE sink = %s AND (commit_lsn, commit_idx) IN "
+                "(SELECT * FROM unnest(%s::bigint[], %s::int[]))").format(self.s),
+                (sink, [p[0] for p in positions], [p[1] for p in positions]))
+
+    def discard(self, conn: psycopg.Connection, sink: str, position: Position, error: str) -> None:
+        conn.execute(sql.SQL(
+            "UPDATE {}.failed_messages SET status = 'discarded', last_error = %s WHERE sink = %s "
+            "AND commit_lsn = %s AND commit_idx = %s").format(self.s), (error, sink, position[0], position[1]))
+        conn.execute(sql.SQL("UPDATE {}.sink_offsets SET discarded = discarded + 1 WHERE sink = %s")
+                     .format(self.s), (sink,))
