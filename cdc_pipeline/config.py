@@ -249,6 +249,8 @@ class DeliveryConfig(_Model):
     batch_size: int = Field(default=20000, gt=0)
     idle_seconds: float = Field(default=2, gt=0)
     lag_trigger_messages: int = Field(default=1, ge=1)
+    # The Dagster asset check fails when a message has been parked longer than this.
+    max_parked_age_seconds: float = Field(default=3600, gt=0)
 
 
 class BackfillConfig(_Model):

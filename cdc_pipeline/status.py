@@ -53,20 +53,13 @@ def collect(config: PipelineConfig) -> dict[str, Any]:
                 "SELECT commit_lsn, commit_idx, delivered, filtered, updated_at FROM {}.sink_offsets WHERE sink = %s"
             ).format(s), (sink.name,)).fetchone()
             pos = (int(offset[0]), int(offset[1])) if offset else (0, -1)
-            failed = dict(conn.execute(sql.SQL(
-                "SELECT status, count(*) FROM {}.failed_messages WHERE sink = %s GROUP BY status"
-            ).format(s), (sink.name,)).fetchall())
-            oldest = conn.execute(sql.SQL(
-                "SELECT extract(epoch FROM now() - min(first_failed_at))::float8 FROM {}.failed_messages "
-                "WHERE sink = %s AND status = 'parked'").format(s), (sink.name,)).fetchone()
+            failed = store.failed_summary(conn, sink.name)
             out["sinks"][sink.name] = {
                 "offset": f"{pos[0]}:{pos[1]}",
                 "lag_messages": store.count_after(conn, sink.tables, pos),
                 "delivered": int(offset[2]) if offset else 0,
                 "filtered": int(offset[3]) if offset else 0,
-                "parked": int(failed.get("parked", 0)),
-                "discarded": int(failed.get("discarded", 0)),
-                "oldest_parked_seconds": round(oldest[0], 1) if oldest and oldest[0] is not None else None,
+                **failed,
                 "updated_at": offset[4].isoformat() if offset else None,
             }
     return out

@@ -34,6 +34,10 @@ FIT_WINDOW = 16
 LINE_TOLERANCE = 0.1
 # When the fixed cost alone exceeds the target, aim at this fraction of max_query_ms instead.
 OVERHEAD_BUDGET_FRACTION = 0.9
+# Growth follows a known cost line once the fixed cost is this fraction of the target.
+OVERHEAD_SIGNIFICANT = 0.5
+# Below this size, a page that cannot grow by the model's rounding grows by one row when safe.
+SMALL_PAGE = 16
 
 # (rows, elapsed_ms, completed): completed=False marks a timeout, whose elapsed is a lower bound.
 Sample = tuple[int, float, bool]
@@ -56,7 +60,9 @@ class PageSizeOptimizer:
     ``n* = (target - c) / b`` from either side without crossing it. Then, by the page's elapsed time:
 
     * ``elapsed <= target``: grow toward the proposal, never shrink, at most x``GROWTH_FACTOR``
-      (so well-under-target pages double, pages near the target grow a little);
+      (so well-under-target pages double, pages near the target grow a little); a page smaller
+      than ``SMALL_PAGE`` that rounding would keep in place grows by one row if even an average
+      row more would fit in ``max_query_ms``;
     * ``target < elapsed <= max_query_ms``: shrink to the proposal (proportionally to the overshoot),
       unless the time is shown not to be about size (below);
     * ``elapsed > max_query_ms`` (slow) or a timeout: at most ``BACKOFF_FACTOR`` of the page
@@ -65,13 +71,18 @@ class PageSizeOptimizer:
 
     Fixed cost. When the last ``FIT_WINDOW`` observations hold completed pages at least
     ``FIT_SPREAD`` apart in size, the line through the smallest and largest (anchored at the latest
-    page) separates the fixed cost ``c`` from the per-row cost. The line is remembered while it
-    keeps predicting pages within ``LINE_TOLERANCE``, since the spread that revealed it ages out of
-    the window. If ``c >= target`` (say, an unindexed sort column, where every select scans the
-    table), shrinking cannot reach the target and would only wreck throughput, so an over-target
-    page goes to the size the line fits into ``OVERHEAD_BUDGET_FRACTION * max_query_ms`` (at most
-    x``GROWTH_FACTOR``), or keeps its size if nothing fits. A line with a negative slope means the
-    window straddles a change in the database's speed, and is not used.
+    page) separates the fixed cost ``c`` from the per-row cost. The line is remembered (timeouts
+    included) while completed pages keep matching it within ``LINE_TOLERANCE``, since the spread
+    that revealed it ages out of the window. A line with a negative slope means the window
+    straddles a change in the database's speed, and is not used. The ratio model alone crawls
+    when ``c`` is a large part of the target (and never learns ``c`` at a size that rounding
+    keeps still), so with ``c >= OVERHEAD_SIGNIFICANT * target`` growth may also go to the size
+    the line puts at the target. If ``c >= target`` (say, an unindexed sort column, where every
+    select scans the table), shrinking cannot reach the target and would only wreck throughput, so
+    an over-target page goes to the size the line fits into ``OVERHEAD_BUDGET_FRACTION *
+    max_query_ms`` (at most x``GROWTH_FACTOR``), or keeps its size if nothing fits. Limitation: at
+    one row with a fixed cost above half of ``max_query_ms`` and no line yet, no safe move tells
+    the two costs apart, and the size stays put; start from a realistic ``initial``.
 
     Ceiling. A timeout or slow page of size ``S`` sets a ceiling ``S * CEILING_FRACTION`` (only the
     first timeout of a consecutive run counts: a storm of timeouts while halving says the database
@@ -137,25 +148,40 @@ class PageSizeOptimizer:
         ratio = elapsed_ms / rows
         samples = (*self.samples, (rows, float(elapsed_ms), True))[-FIT_WINDOW:]
         proposal = _rows_for(self.target_ms, max(ratio, _upper_median(_ratios(samples))))
+        line = _fit(samples) or _still_fits(self.cost_line, rows, elapsed_ms)
         if slow:
-            # Whatever the line said, it did not foresee this page: forget it.
+            ceiling = self._lowered_ceiling(page_size)
             return self._evolve(
-                size=self._clamp(min(proposal, page_size * BACKOFF_FACTOR), self._lowered_ceiling(page_size)),
-                ceiling=self._lowered_ceiling(page_size),
+                size=self._clamp(min(proposal, page_size * BACKOFF_FACTOR), ceiling),
+                ceiling=ceiling,
                 samples=samples,
-                cost_line=None,
+                cost_line=line,
                 timeout_streak=0,
             )
 
-        line = _fit(samples) or _still_fits(self.cost_line, rows, elapsed_ms)
         if elapsed_ms <= self.target_ms:
+            if line is not None and line[0] >= OVERHEAD_SIGNIFICANT * self.target_ms:
+                # The ratio model crawls (or stalls) when the fixed cost is a big part of each page.
+                trusted = min(
+                    _rows_for(self.target_ms - line[0], line[1]), self._worst_case(page_size, elapsed_ms)
+                )
+                proposal = max(proposal, trusted)
             new = min(max(proposal, page_size), page_size * GROWTH_FACTOR)
+            if (
+                math.floor(new) <= page_size < SMALL_PAGE
+                and elapsed_ms * (page_size + 1) / page_size <= self.max_query_ms
+            ):
+                # Stalled by rounding: one more row costs at most an average row (fixed cost >= 0),
+                # which still fits in max_query_ms, and the second size reveals the cost line.
+                new = page_size + 1
         elif line is not None and line[0] >= self.target_ms:
             fixed_ms, per_row_ms = line
             room_ms = OVERHEAD_BUDGET_FRACTION * self.max_query_ms - fixed_ms
-            new = (
-                page_size if room_ms <= 0 else min(_rows_for(room_ms, per_row_ms), page_size * GROWTH_FACTOR)
-            )
+            if room_ms <= 0:
+                new = page_size
+            else:
+                new = min(_rows_for(room_ms, per_row_ms), self._worst_case(page_size, elapsed_ms))
+                new = max(new, min(_rows_for(self.target_ms, ratio), page_size))
         else:
             new = min(proposal, page_size)
         ceiling = self._relaxed_ceiling()
@@ -176,11 +202,18 @@ class PageSizeOptimizer:
             size=self._clamp(min(reference * BACKOFF_FACTOR, proposal), ceiling),
             ceiling=ceiling,
             samples=samples,
-            cost_line=None,
             timeout_streak=self.timeout_streak + 1,
         )
 
     # -- helpers -----------------------------------------------------------------------------------
+
+    def _worst_case(self, page_size: int, elapsed_ms: float) -> float:
+        """The size that fits OVERHEAD_BUDGET_FRACTION of max_query_ms even if the cost line is
+        wrong and all of this page's time was per-row cost: trusting the line, never blindly."""
+        return min(
+            page_size * GROWTH_FACTOR,
+            _rows_for(OVERHEAD_BUDGET_FRACTION * self.max_query_ms, elapsed_ms / page_size),
+        )
 
     def _clamp(self, proposed: float, ceiling: float | None) -> int:
         upper = float(self.maximum) if ceiling is None else min(float(self.maximum), ceiling)

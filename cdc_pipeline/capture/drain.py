@@ -35,8 +35,11 @@ PROBE_PREFIX = "cdc_pipeline.probe"
 SESSION_OPTIONS = "-c TimeZone=UTC -c DateStyle=ISO,YMD -c IntervalStyle=postgres"
 COPY_CHUNK = 5000
 
-# A logical message (heartbeat, probe, watermark) seen at a position: (message, commit_lsn, commit_idx).
-MessageHook = Callable[[pgoutput.LogicalMessage, int, int, psycopg.Connection], None]
+# A hook for logical messages with a given prefix (backfill watermarks): called with the message, its
+# position (commit_lsn, commit_idx) and the state connection inside the drain's open transaction, after
+# every change before it was written. Returns how many log rows it inserted at that position (they take
+# commit_idx values idx, idx+1, ...), so the drain's numbering continues after them.
+MessageHook = Callable[[pgoutput.LogicalMessage, int, int, psycopg.Connection], int]
 
 
 @dataclass
@@ -179,8 +182,9 @@ class Drain:
                             probe = None
                     elif prefix in self.hooks:
                         self._copy(state)  # hooks see the log up to this point
-                        self.hooks[prefix](msg, lsn, idx, state)
-                        idx += 1
+                        used = self.hooks[prefix](msg, lsn, idx, state)
+                        idx += used
+                        stats.changes += used
             if not in_txn and pending_end and (
                 pending_changes >= cfg.batch_rows or time.monotonic() - pending_since >= cfg.batch_ms / 1000
                 or idle or self._stop.is_set()

@@ -145,3 +145,12 @@ class Store:
             "AND commit_lsn = %s AND commit_idx = %s").format(self.s), (error, sink, position[0], position[1]))
         conn.execute(sql.SQL("UPDATE {}.sink_offsets SET discarded = discarded + 1 WHERE sink = %s")
                      .format(self.s), (sink,))
+
+    def failed_summary(self, conn: psycopg.Connection, sink: str) -> dict[str, float | int | None]:
+        row = conn.execute(sql.SQL(
+            "SELECT count(*) FILTER (WHERE status = 'parked'), count(*) FILTER (WHERE status = 'discarded'), "
+            "extract(epoch FROM now() - min(first_failed_at) FILTER (WHERE status = 'parked'))::float8 "
+            "FROM {}.failed_messages WHERE sink = %s").format(self.s), (sink,)).fetchone()
+        assert row is not None
+        return {"parked": int(row[0]), "discarded": int(row[1]),
+                "oldest_parked_seconds": round(row[2], 1) if row[2] is not None else None}

@@ -291,7 +291,7 @@ def test_slow_short_page_still_backs_off() -> None:
 
 
 def test_end_of_table_does_not_drive_growth() -> None:
-    # A 2,500-row table at 0.1 ms/row: pages of 1000, 2000, then a 500-row tail (ratio 0.2 ms/row).
+    # A 2,500-row table: a full page of 1,000, then a short one of 1,500 at a LIMIT of 2,000.
     opt = PageSizeOptimizer()
     remaining = 2500
     while remaining:
@@ -300,7 +300,7 @@ def test_end_of_table_does_not_drive_growth() -> None:
         remaining -= rows
         before = opt
         opt = opt.observe(size, 100.0 + 0.1 * rows, rows)
-    assert opt.size == before.size == 4000  # the short tail changed nothing
+    assert opt.size == before.size == 2000  # the 1,500-row tail of the second page changed nothing
 
 
 # -- overhead-dominated selects (e.g. a partial backfill on an unindexed sort column) -------------
