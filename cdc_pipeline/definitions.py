@@ -1,7 +1,7 @@
 """The Dagster code location: `workspace.yaml` loads `defs` from here.
 
 The pipeline config is read from $CDC_CONFIG (or ./cdc.yaml); every table and sink in it becomes
-assets, jobs and sensors.
+assets, jobs and sensors (see cdc_pipeline/defs/).
 """
 
 from __future__ import annotations
@@ -9,12 +9,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from dagster import Definitions
-
-from cdc_pipeline.config import CONFIG_ENV_VAR, ConfigError, PipelineConfig, load_config
-from cdc_pipeline.defs.capture import build_drain_sensor, change_log_asset
-from cdc_pipeline.defs.delivery import build_delivery_asset, build_delivery_job, build_delivery_sensor
-from cdc_pipeline.defs.resources import CdcConfigResource, pyspark_resource
+from cdc_pipeline.config import CONFIG_ENV_VAR, ConfigError
+from cdc_pipeline.defs import build_definitions
 
 
 def config_path() -> str:
@@ -22,17 +18,6 @@ def config_path() -> str:
     if path is None:
         raise ConfigError(f"no pipeline config: set {CONFIG_ENV_VAR} to the path of your cdc.yaml")
     return str(Path(path).resolve())
-
-
-def build_definitions(path: str) -> Definitions:
-    pipeline: PipelineConfig = load_config(path)
-    jobs = [build_delivery_job(s) for s in pipeline.sinks]
-    return Definitions(
-        assets=[change_log_asset, *(build_delivery_asset(s) for s in pipeline.sinks)],
-        jobs=jobs,
-        sensors=[build_drain_sensor(jobs), build_delivery_sensor()],
-        resources={"cdc": CdcConfigResource(config_path=path), "pyspark": pyspark_resource(pipeline)},
-    )
 
 
 defs = build_definitions(config_path())

@@ -31,7 +31,7 @@ FIT_SPREAD = 1.25
 # so the spread takes a while to build up).
 FIT_WINDOW = 16
 # A remembered cost line still applies while it predicts the elapsed time within this fraction.
-LINE_TOLERANCE = 0.1
+LINE_TOLERANCE = 0.2
 # When the fixed cost alone exceeds the target, aim at this fraction of max_query_ms instead.
 OVERHEAD_BUDGET_FRACTION = 0.9
 # Growth follows a known cost line once the fixed cost is this fraction of the target.
@@ -69,9 +69,9 @@ class PageSizeOptimizer:
       (halve or more; for a timeout, of the smaller of that page and the current size, so the
       size strictly decreases unless already at ``minimum``).
 
-    Fixed cost. When the last ``FIT_WINDOW`` observations hold completed pages at least
-    ``FIT_SPREAD`` apart in size, the line through the smallest and largest (anchored at the latest
-    page) separates the fixed cost ``c`` from the per-row cost. The line is remembered (timeouts
+    Fixed cost. The line through the latest page and the page farthest from it in size, if at least
+    ``FIT_SPREAD`` apart (within the last ``FIT_WINDOW``, and not across a timeout or slow page),
+    separates the fixed cost ``c`` from the per-row cost. The line is remembered (timeouts
     included) while completed pages keep matching it within ``LINE_TOLERANCE``, since the spread
     that revealed it ages out of the window. A line with a negative slope means the window
     straddles a change in the database's speed, and is not used. The ratio model alone crawls
@@ -148,7 +148,7 @@ class PageSizeOptimizer:
         ratio = elapsed_ms / rows
         samples = (*self.samples, (rows, float(elapsed_ms), True))[-FIT_WINDOW:]
         proposal = _rows_for(self.target_ms, max(ratio, _upper_median(_ratios(samples))))
-        line = _fit(samples) or _still_fits(self.cost_line, rows, elapsed_ms)
+        line = _fit(samples, self.max_query_ms) or _still_fits(self.cost_line, rows, elapsed_ms)
         if slow:
             ceiling = self._lowered_ceiling(page_size)
             return self._evolve(
@@ -160,12 +160,6 @@ class PageSizeOptimizer:
             )
 
         if elapsed_ms <= self.target_ms:
-            if line is not None and line[0] >= OVERHEAD_SIGNIFICANT * self.target_ms:
-                # The ratio model crawls (or stalls) when the fixed cost is a big part of each page.
-                trusted = min(
-                    _rows_for(self.target_ms - line[0], line[1]), self._worst_case(page_size, elapsed_ms)
-                )
-                proposal = max(proposal, trusted)
             new = min(max(proposal, page_size), page_size * GROWTH_FACTOR)
             if (
                 math.floor(new) <= page_size < SMALL_PAGE
@@ -246,20 +240,31 @@ def _ratios(samples: tuple[Sample, ...]) -> list[float]:
     return [elapsed / rows for rows, elapsed, _ in samples[-WINDOW:]]
 
 
-def _fit(samples: tuple[Sample, ...]) -> CostLine | None:
-    """The cost line through the smallest and largest completed pages, anchored at the latest one,
-    when those are far enough apart in size to tell fixed from per-row cost; else None."""
-    completed = [(rows, elapsed) for rows, elapsed, done in samples if done]
-    if not completed:
+def _fit(samples: tuple[Sample, ...], max_query_ms: float) -> CostLine | None:
+    """The least-squares cost line over the completed pages since the last timeout or slow page,
+    if they span ``FIT_SPREAD`` in size and the line predicts the latest page; else None."""
+    # A timeout or slow page usually means the database changed speed: pages from before it were
+    # measured in another regime.
+    since: list[tuple[int, float]] = []
+    for rows, elapsed, done in reversed(samples):
+        if not done or elapsed > max_query_ms:
+            break
+        since.append((rows, elapsed))
+    if len(since) < 3:
         return None
-    small, large = min(completed), max(completed)
-    if large[0] < FIT_SPREAD * small[0]:
+    sizes = [rows for rows, _ in since]
+    if max(sizes) < FIT_SPREAD * min(sizes):
         return None
-    per_row = (large[1] - small[1]) / (large[0] - small[0])
-    if per_row < 0:
-        return None  # bigger pages were faster: the window straddles a change in speed
-    rows, elapsed = completed[-1]
-    return elapsed - per_row * rows, per_row
+    mean_rows = sum(sizes) / len(since)
+    mean_elapsed = sum(elapsed for _, elapsed in since) / len(since)
+    spread = sum((rows - mean_rows) ** 2 for rows in sizes)
+    slope = sum((rows - mean_rows) * (elapsed - mean_elapsed) for rows, elapsed in since) / spread
+    # A row never costs less than nothing; a negative slope is noise around a flat line.
+    per_row = max(0.0, slope)
+    line = (mean_elapsed - per_row * mean_rows, per_row)
+    # Under drift the optimizer moves the size to keep the time level, which looks like a fixed
+    # cost; the latest page (say, one that grew and got slower) is the check on that.
+    return _still_fits(line, *since[0])
 
 
 def _still_fits(line: CostLine | None, rows: int, elapsed_ms: float) -> CostLine | None:

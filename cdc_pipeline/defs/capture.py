@@ -16,6 +16,7 @@ from dagster import (
 from cdc_pipeline import status
 from cdc_pipeline.capture.drain import Drain
 from cdc_pipeline.defs.delivery import request_deliveries
+from cdc_pipeline.defs.resources import CdcConfigResource
 
 CHANGE_LOG_KEY = AssetKey(["cdc", "change_log"])
 
@@ -41,11 +42,11 @@ def change_log_metadata(pipeline: object, stats: object) -> dict[str, object]:
 
 
 def build_drain_sensor(jobs: list[JobDefinition]) -> SensorDefinition:
-    @sensor(name="cdc_drain_sensor", minimum_interval_seconds=1, jobs=jobs, required_resource_keys={"cdc"},
+    @sensor(name="cdc_drain_sensor", minimum_interval_seconds=1, jobs=jobs,
             description="Streams the replication slot into the change log for drain.tick_seconds per tick, "
                         "then requests delivery runs for lagging sinks.")
-    def _sensor(context: SensorEvaluationContext) -> SensorResult:
-        pipeline = context.resources.cdc.load()
+    def _sensor(context: SensorEvaluationContext, cdc: CdcConfigResource) -> SensorResult:
+        pipeline = cdc.load()
         stats = Drain(pipeline).run(seconds=pipeline.drain.tick_seconds)
         context.log.info(f"drained {stats.changes} changes ({stats.rate:.0f}/s)")
         event = AssetMaterialization(CHANGE_LOG_KEY, metadata=change_log_metadata(pipeline, stats))

@@ -141,10 +141,9 @@ def request_deliveries(context: SensorEvaluationContext, pipeline: PipelineConfi
 
 def build_delivery_sensor(interval: int = 5) -> SensorDefinition:
     @sensor(name="cdc_delivery_sensor", minimum_interval_seconds=interval,
-            description="Launches a delivery run for each sink that lags the change log (one at a time per sink).",
-            required_resource_keys={"cdc"})
-    def _sensor(context: SensorEvaluationContext):  # type: ignore[no-untyped-def]
-        pipeline = context.resources.cdc.load()
+            description="Launches a delivery run for each sink that lags the change log (one at a time per sink).")
+    def _sensor(context: SensorEvaluationContext, cdc: CdcConfigResource):  # type: ignore[no-untyped-def]
+        pipeline = cdc.load()
         requests = request_deliveries(context, pipeline)
         return requests or SkipReason("every sink is caught up or already running")
 

@@ -1,11 +1,36 @@
-"""The one interface every sink implements."""
+"""The one interface every sink implements, and small helpers the sinks share.
+
+Contract (what the delivery engine relies on):
+
+* `deliver(batch)` returns one result per message, in batch order: `None` = acknowledged by the
+  destination, a string = why that message failed (the engine parks it and retries it later).
+* Messages arrive in commit order. Messages of one group are attempted in order, and after a failure
+  the group's later messages in the batch are reported as failed too ("held back"), so a group never
+  gets ahead of its own failed message. Sinks that pipeline (send first, learn the outcome later) may
+  already have sent such a later message; it is then still reported as held back and is redelivered
+  after the failed one (a duplicate the idempotency key identifies; NATS drops it by `Nats-Msg-Id`).
+* `SinkUnavailable` is raised (by `open()` or `deliver()`) when the destination as a whole cannot be
+  reached and nothing in the batch was acknowledged; the engine retries the whole batch later without
+  advancing its offset. Once part of a batch is acknowledged, the rest get per-message errors instead.
+* Errors never contain secrets: no header values, no passwords or tokens from URLs.
+"""
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Sequence
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
+from urllib.parse import urlsplit
+
+T = TypeVar("T")
+
+HELD_NOT_SENT = "held back: an earlier message of its group failed in this batch (not sent)"
+HELD_SENT = ("held back: an earlier message of its group failed in this batch "
+             "(this one was already accepted; it is redelivered after the failed one)")
 
 
 @dataclass(slots=True)
@@ -17,19 +42,33 @@ class OutboundMessage:
 
 
 class SinkUnavailable(Exception):
-    """The whole destination is unreachable: transient; the batch is retried and the offset stays."""
+    """The whole destination is unreachable (connection refused, broker down, DNS): transient; the
+    caller retries the whole batch later and does not advance its offset."""
+
+
+class SinkConfigError(ValueError):
+    """The sink's configuration cannot work (e.g. a secret's environment variable is not set)."""
+
+
+class SinkConfigLike(Protocol):
+    """The part of `cdc_pipeline.config.SinkConfig` a sink reads."""
+
+    name: str
+    destination: Any
 
 
 class Sink(abc.ABC):
     name: str
 
     def open(self) -> None:
-        """Connect; called once per delivery run."""
+        """Connect; called once per delivery run. May raise SinkUnavailable."""
 
     @abc.abstractmethod
     def deliver(self, batch: Sequence[OutboundMessage]) -> list[str | None]:
-        """One result per message: None = acknowledged, str = why it failed. Messages of one group are
-        attempted in order, and after a failure the group's later messages in the batch are not attempted."""
+        """One result per message, same order: None = acknowledged by the destination, str = why it
+        failed. Messages of one group are attempted in order, and after a failure the group's later
+        messages in the batch are reported as held back. Raises SinkUnavailable when nothing could be
+        delivered."""
 
     def close(self) -> None:
         """Release connections."""
@@ -47,3 +86,78 @@ class Sink(abc.ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def hold_back(batch: Sequence[OutboundMessage], results: list[str | None]) -> list[str | None]:
+    """Enforce per-group order on a finished batch: after a group's first failure, its later messages
+    are reported as held back (keeping their own error when they failed themselves). In place."""
+    failed: set[str] = set()
+    for i, message in enumerate(batch):
+        group = message.group
+        if group is None:
+            continue
+        if group in failed:
+            if results[i] is None:
+                results[i] = HELD_SENT
+        elif results[i] is not None:
+            failed.add(group)
+    return results
+
+
+def safe_endpoint(url: str) -> str:
+    """scheme://host:port of a URL, for messages: never the user info, path or query (they may hold
+    passwords or tokens)."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return "<unparsable url>"
+    return f"{parts.scheme}://{host}{port}" if parts.scheme else f"{host}{port}"
+
+
+class EventLoopThread:
+    """A private asyncio event loop on a daemon thread, so asyncio clients (nats-py, pika's asyncio
+    adapter) sit behind the sinks' synchronous API. One long-lived loop keeps one long-lived connection;
+    `asyncio.run` per call would have to reconnect on every call, since a connection is bound to its loop."""
+
+    def __init__(self, name: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Run `coro` on the loop and wait for its result (re-raising its exception)."""
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise
+
+    def stop(self) -> None:
+        """Cancel what is still running on the loop, stop it and join the thread. Idempotent."""
+        if self.loop.is_closed():
+            return
+        if self._thread.is_alive():
+            try:
+                self.run(self._cancel_others(), timeout=5)
+            except (concurrent.futures.TimeoutError, RuntimeError):
+                pass
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=5)
+        if not self._thread.is_alive():
+            self.loop.close()
+
+    @staticmethod
+    async def _cancel_others() -> None:
+        current = asyncio.current_task()
+        tasks = [t for t in asyncio.all_tasks() if t is not current]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.get_running_loop().shutdown_asyncgens()
