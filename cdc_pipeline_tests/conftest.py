@@ -99,3 +99,13 @@ def spark() -> Any:
     from cdc_pipeline.delivery.spark_stage import spark_session
 
     return spark_session(SparkConfig(master="local[2]"))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """On CI a skipped test is a failed test: never go green by skipping."""
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    skipped = reporter.stats.get("skipped", []) if reporter else []
+    if os.environ.get("CI") and skipped and exitstatus == 0:
+        session.exitstatus = 1
+        if reporter:
+            reporter.write_line(f"CI: {len(skipped)} skipped test(s) count as failures", red=True)

@@ -30,12 +30,11 @@ FIT_SPREAD = 1.25
 # ... looking this far back (proportional shrinks of a page just over the target are small steps,
 # so the spread takes a while to build up).
 FIT_WINDOW = 16
-# A remembered cost line still applies while it predicts the elapsed time within this fraction.
+# A cost line applies while it predicts the latest elapsed time within this fraction (wide enough
+# for ordinary noise).
 LINE_TOLERANCE = 0.2
 # When the fixed cost alone exceeds the target, aim at this fraction of max_query_ms instead.
 OVERHEAD_BUDGET_FRACTION = 0.9
-# Growth follows a known cost line once the fixed cost is this fraction of the target.
-OVERHEAD_SIGNIFICANT = 0.5
 # Below this size, a page that cannot grow by the model's rounding grows by one row when safe.
 SMALL_PAGE = 16
 
@@ -69,20 +68,20 @@ class PageSizeOptimizer:
       (halve or more; for a timeout, of the smaller of that page and the current size, so the
       size strictly decreases unless already at ``minimum``).
 
-    Fixed cost. The line through the latest page and the page farthest from it in size, if at least
-    ``FIT_SPREAD`` apart (within the last ``FIT_WINDOW``, and not across a timeout or slow page),
-    separates the fixed cost ``c`` from the per-row cost. The line is remembered (timeouts
-    included) while completed pages keep matching it within ``LINE_TOLERANCE``, since the spread
-    that revealed it ages out of the window. A line with a negative slope means the window
-    straddles a change in the database's speed, and is not used. The ratio model alone crawls
-    when ``c`` is a large part of the target (and never learns ``c`` at a size that rounding
-    keeps still), so with ``c >= OVERHEAD_SIGNIFICANT * target`` growth may also go to the size
-    the line puts at the target. If ``c >= target`` (say, an unindexed sort column, where every
+    Fixed cost. A least-squares line through the completed pages of the last ``FIT_WINDOW``
+    (none from before a timeout or slow page: those usually mean the database changed speed),
+    once their sizes span ``FIT_SPREAD``, separates the fixed cost ``c`` from the per-row cost
+    (a negative slope counts as flat). It is only believed while it predicts the latest page
+    within ``LINE_TOLERANCE``: under a drift, the optimizer moves the size to keep the time level,
+    which alone would look like a fixed cost, and the latest page is the check on that. A line is
+    remembered, timeouts included, while pages keep matching it, since the spread that revealed
+    it ages out of the window. If ``c >= target`` (say, an unindexed sort column, where every
     select scans the table), shrinking cannot reach the target and would only wreck throughput, so
     an over-target page goes to the size the line fits into ``OVERHEAD_BUDGET_FRACTION *
-    max_query_ms`` (at most x``GROWTH_FACTOR``), or keeps its size if nothing fits. Limitation: at
-    one row with a fixed cost above half of ``max_query_ms`` and no line yet, no safe move tells
-    the two costs apart, and the size stays put; start from a realistic ``initial``.
+    max_query_ms``, but never more than that budget allows if the line were wrong and all of the
+    page's time were per-row cost, and keeps its size if nothing fits. Limitation: at one row, with
+    a fixed cost above half of ``max_query_ms``, no safe step tells the two costs apart and the size
+    stays put; start from a realistic ``initial``.
 
     Ceiling. A timeout or slow page of size ``S`` sets a ceiling ``S * CEILING_FRACTION`` (only the
     first timeout of a consecutive run counts: a storm of timeouts while halving says the database
@@ -175,6 +174,7 @@ class PageSizeOptimizer:
                 new = page_size
             else:
                 new = min(_rows_for(room_ms, per_row_ms), self._worst_case(page_size, elapsed_ms))
+                # The line may allow growth; it never shrinks harder than the plain model would.
                 new = max(new, min(_rows_for(self.target_ms, ratio), page_size))
         else:
             new = min(proposal, page_size)

@@ -16,6 +16,6 @@ def build_definitions(path: str) -> Definitions:
     return Definitions(
         assets=[change_log_asset, *(build_delivery_asset(s) for s in pipeline.sinks)],
         jobs=jobs,
-        sensors=[build_drain_sensor(jobs), build_delivery_sensor()],
+        sensors=[build_drain_sensor(jobs), build_delivery_sensor(jobs)],
         resources={"cdc": CdcConfigResource(config_path=path), "pyspark": pyspark_resource(pipeline)},
     )

@@ -3,6 +3,7 @@ change log's figures on its asset, then requests delivery runs for the sinks tha
 
 
 from dagster import (
+    DefaultSensorStatus,
     AssetKey,
     AssetMaterialization,
     AssetSpec,
@@ -42,7 +43,7 @@ def change_log_metadata(pipeline: object, stats: object) -> dict[str, object]:
 
 
 def build_drain_sensor(jobs: list[JobDefinition]) -> SensorDefinition:
-    @sensor(name="cdc_drain_sensor", minimum_interval_seconds=1, jobs=jobs,
+    @sensor(name="cdc_drain_sensor", minimum_interval_seconds=1, default_status=DefaultSensorStatus.RUNNING, jobs=jobs,
             description="Streams the replication slot into the change log for drain.tick_seconds per tick, "
                         "then requests delivery runs for lagging sinks.")
     def _sensor(context: SensorEvaluationContext, cdc: CdcConfigResource) -> SensorResult:

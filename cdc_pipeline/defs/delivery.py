@@ -3,6 +3,7 @@
 
 import psycopg
 from dagster import (
+    DefaultSensorStatus,
     AssetCheckResult,
     AssetCheckSeverity,
     AssetCheckSpec,
@@ -139,8 +140,9 @@ def request_deliveries(context: SensorEvaluationContext, pipeline: PipelineConfi
     return requests
 
 
-def build_delivery_sensor(interval: int = 5) -> SensorDefinition:
-    @sensor(name="cdc_delivery_sensor", minimum_interval_seconds=interval,
+def build_delivery_sensor(jobs: list[_Job], interval: int = 5) -> SensorDefinition:
+    @sensor(name="cdc_delivery_sensor", minimum_interval_seconds=interval, jobs=jobs,
+            default_status=DefaultSensorStatus.RUNNING,
             description="Launches a delivery run for each sink that lags the change log (one at a time per sink).")
     def _sensor(context: SensorEvaluationContext, cdc: CdcConfigResource):  # type: ignore[no-untyped-def]
         pipeline = cdc.load()

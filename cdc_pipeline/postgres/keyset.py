@@ -24,8 +24,8 @@ index on the keyset (or a prefix of it) can serve it as an index condition.
 NULLs in the sort column: rows whose sort column is NULL are never returned by a partial backfill.
 ``NULL >= x``, ``NULL < x`` and a row comparison meeting a NULL are all unknown, so the lower bound
 and the cursor already exclude them; with ``sort_nullable=True`` an explicit ``k1 IS NOT NULL``
-excludes them from the first page too (otherwise, with no lower bound, ``ORDER BY`` would put them
-last and the run would end on a cursor that cannot move past them). Pass ``sort_nullable=True``
+excludes them from the first pages too (otherwise, with no lower bound, ``ORDER BY`` puts them
+last, and a page ending on one would leave a NULL cursor, which :func:`page_query` rejects). Pass ``sort_nullable=True``
 whenever the sort column is nullable, so pages and ``count_query`` agree on what the window holds.
 Primary-key columns are never NULL.
 """
@@ -89,7 +89,8 @@ def count_query(
     """``SELECT count(*)`` over the same window as :func:`page_query` (without LIMIT), for progress.
 
     With ``after`` it counts the rows still to come; without, the whole window. Parameters are in
-    the same order as :func:`page_query`'s, minus the limit.
+    the same order as :func:`page_query`'s, minus the limit. It reads every row of the window, so
+    on a big table run it once per backfill (or use ``pg_class.reltuples`` instead).
     """
     keys = _identifiers(order_by, "order_by")
     where, params = _window(keys, after, lower, upper, sort_nullable)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import concurrent.futures
+import contextlib
 import threading
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
@@ -60,7 +61,8 @@ class SinkConfigLike(Protocol):
 class Sink(abc.ABC):
     name: str
 
-    def open(self) -> None:
+    # open/close/prepare are optional hooks (empty on purpose): a sink overrides only what it needs.
+    def open(self) -> None:  # noqa: B027
         """Connect; called once per delivery run. May raise SinkUnavailable."""
 
     @abc.abstractmethod
@@ -70,10 +72,10 @@ class Sink(abc.ABC):
         messages in the batch are reported as held back. Raises SinkUnavailable when nothing could be
         delivered."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027
         """Release connections."""
 
-    def prepare(self, describe: Callable[[str], Any]) -> None:
+    def prepare(self, describe: Callable[[str], Any]) -> None:  # noqa: B027
         """Receive a lookup of source table shapes ('schema.table' -> TableInfo); for sinks that need it."""
 
     def position(self) -> tuple[int, int] | None:
@@ -144,10 +146,8 @@ class EventLoopThread:
         if self.loop.is_closed():
             return
         if self._thread.is_alive():
-            try:
+            with contextlib.suppress(concurrent.futures.TimeoutError, RuntimeError):
                 self.run(self._cancel_others(), timeout=5)
-            except (concurrent.futures.TimeoutError, RuntimeError):
-                pass
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join(timeout=5)
         if not self._thread.is_alive():

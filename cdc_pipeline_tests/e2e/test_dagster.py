@@ -64,6 +64,19 @@ def test_drain_sensor_tick_and_delivery_job(source_db, db_factory, write_config,
         assert checks and all(c.passed for c in checks)
     assert assert_mirrored(source_db.dsn, "public.orders", dest.dsn, "mirror.orders") == 450
 
+    # The delivery sensor (for a drain running outside Dagster) targets the same jobs.
+    source_db.execute("INSERT INTO orders VALUES (1000, 'late', 1)")
+    from cdc_pipeline_tests.helpers import drain
+
+    drain(config)
+    with DagsterInstance.ephemeral() as instance:
+        delivery_sensor = defs.get_sensor_def("cdc_delivery_sensor")
+        with build_sensor_context(instance=instance, resources={"cdc": defs.resources["cdc"]},
+                                  definitions=defs) as ctx:
+            data = delivery_sensor.evaluate_tick(ctx)  # resolves targets as the daemon does
+        [request] = data.run_requests
+        assert request.job_name == "deliver_mirror"
+
 
 def test_delivery_asset_materializes_with_dry_run(source_db, db_factory, write_config, tmp_path):
     dest = db_factory()

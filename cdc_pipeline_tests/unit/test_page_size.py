@@ -125,6 +125,14 @@ def test_doubles_while_fast_and_stops_at_maximum() -> None:
     assert opt.size == 50000
 
 
+def test_ms_per_row_is_the_window_upper_median() -> None:
+    opt = PageSizeOptimizer()
+    for page, elapsed in [(1000, 100.0), (2000, 600.0), (4000, 800.0)]:  # 0.1, 0.3, 0.2 ms per row
+        opt = opt.observe(page, elapsed, page)
+    assert opt.ms_per_row == pytest.approx(0.2)
+    assert opt.observe(opt.size, 0.0, 0).ms_per_row == pytest.approx(0.2)  # a short page adds nothing
+
+
 def test_instant_pages_do_not_divide_by_zero() -> None:
     assert PageSizeOptimizer().observe(1000, 0.0, 1000).size == 2000
 

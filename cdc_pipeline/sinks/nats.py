@@ -1,0 +1,248 @@
+"""NATS JetStream sink: publish each message to `route or subject` with `Nats-Msg-Id: <key>`.
+
+* The server drops a repeated `Nats-Msg-Id` within the stream's duplicate window (default 2 minutes),
+  so a redelivered batch does not duplicate messages inside that window.
+* open() makes sure the stream `stream` exists, creating it with subjects `subject` and `subject.>` if
+  missing (limits retention, file storage, server defaults otherwise); an existing stream is left alone.
+  Routes must be subjects some stream captures: with the created stream, that is `subject` or
+  anything under `subject.` (e.g. `cdc.public.orders`). A message whose subject no stream captures
+  fails with "no JetStream stream captures subject ...".
+* Throughput: messages are published back to back with a reply subject each (a JetStream publish is a
+  request whose reply is the PubAck) and the acks are gathered as they stream back, with at most
+  MAX_IN_FLIGHT unacknowledged. This replaces nats-py's `js.publish_async`, whose per-message future,
+  semaphore and PubAck parsing cost more than the publish itself (measured on this machine: ~45k msg/s
+  through publish_async vs ~100k msg/s this way, ~12k msg/s for gathered `js.publish`).
+* A message whose PubAck does not come within `ack_timeout_ms` (measured from the last ack received, so
+  a long batch is not cut short while acks still flow) fails with a timeout error; it may still have been
+  stored, and its redelivery is then deduplicated by the server.
+* nats-py is asyncio: the client lives on a private event loop thread and the public API stays
+  synchronous. Reconnection is ours, not nats-py's: a lost connection fails what is in flight at once
+  (instead of buffering publishes for an unknown time), and the next deliver() connects afresh.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+
+from cdc_pipeline.sinks.base import (
+    HELD_NOT_SENT,
+    EventLoopThread,
+    OutboundMessage,
+    Sink,
+    SinkConfigError,
+    SinkConfigLike,
+    SinkUnavailable,
+    hold_back,
+    safe_endpoint,
+)
+
+log = logging.getLogger(__name__)
+
+MAX_IN_FLIGHT = 20_000  # unacknowledged publishes at once: bounds memory on both ends
+CONNECT_TIMEOUT_S = 5.0
+_PENDING = "\x00pending"  # placeholder result; never returned (compared by identity)
+_NO_RESPONDERS = "503"
+_ERR_STREAM_NAME_IN_USE = 10058
+
+
+@dataclass(eq=False)
+class _Batch:
+    """Acknowledgement bookkeeping of the batch in flight."""
+
+    prefix: str  # reply subjects are prefix + message index
+    subjects: list[str]
+    results: list[str | None]
+    outstanding: int = 0
+    wake_at: int = 0  # wake the publisher when outstanding drops to this
+    progress: asyncio.Event = field(default_factory=asyncio.Event)
+    lost: str | None = None  # why the connection went away mid-batch
+
+
+class NatsSink(Sink):
+    def __init__(self, sink_config: SinkConfigLike) -> None:
+        dest = sink_config.destination
+        self.name = sink_config.name
+        self.url: str = dest.url
+        self.subject: str = dest.subject
+        self.stream: str = dest.stream
+        self.ack_timeout_s: float = dest.ack_timeout_ms / 1000
+        self._runner: EventLoopThread | None = None
+        self._nc: NatsClient | None = None
+        self._inbox = ""
+        self._generation = 0
+        self._batch: _Batch | None = None
+        self._lock = threading.Lock()  # one deliver() at a time: acks are matched to the batch in flight
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    def open(self) -> None:
+        if self._runner is None:
+            self._runner = EventLoopThread(f"nats-sink-{self.name}")
+        try:
+            self._runner.run(self._connect())
+            self._runner.run(self._ensure_stream())
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        if self._runner is not None:
+            if self._nc is not None:
+                try:
+                    self._runner.run(self._nc.close(), timeout=5)
+                except Exception as exc:  # closing is best effort: the loop is torn down next anyway
+                    log.debug("nats sink %s: close: %s", self.name, type(exc).__name__)
+            self._runner.stop()
+        self._runner = None
+        self._nc = None
+
+    async def _connect(self) -> None:
+        where = safe_endpoint(self.url)
+
+        async def on_error(exc: Exception) -> None:
+            log.warning("nats sink %s: %s: %s: %s", self.name, where, type(exc).__name__, exc)
+
+        async def on_disconnect() -> None:
+            batch = self._batch
+            if batch is not None and batch.lost is None:
+                batch.lost = f"connection to {where} lost"
+                batch.progress.set()
+
+        try:
+            # allow_reconnect=False: fail fast on a refused connection instead of nats-py's endless retries.
+            nc = await nats.connect(self.url, name=f"cdc-pipeline:{self.name}", connect_timeout=CONNECT_TIMEOUT_S,
+                                    allow_reconnect=False, error_cb=on_error, disconnected_cb=on_disconnect)
+        except (TimeoutError, OSError, nats.errors.Error) as exc:
+            raise SinkUnavailable(f"nats sink {self.name!r}: cannot connect to {where}: "
+                                  f"{type(exc).__name__}: {exc}") from exc
+        self._nc = nc
+        self._inbox = nc.new_inbox()
+        await nc.subscribe(f"{self._inbox}.>", cb=self._on_ack)
+
+    async def _ensure_stream(self) -> None:
+        assert self._nc is not None
+        js = self._nc.jetstream(timeout=max(self.ack_timeout_s, 5.0))
+        try:
+            await js.stream_info(self.stream)
+            return
+        except nats.js.errors.NotFoundError:
+            pass
+        except (nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError, nats.errors.TimeoutError) as exc:
+            raise SinkUnavailable(f"nats sink {self.name!r}: JetStream not available at "
+                                  f"{safe_endpoint(self.url)}: {type(exc).__name__}") from exc
+        try:
+            await js.add_stream(name=self.stream, subjects=[self.subject, f"{self.subject}.>"])
+        except nats.js.errors.BadRequestError as exc:
+            if exc.err_code == _ERR_STREAM_NAME_IN_USE:
+                return  # created concurrently by another process: leave it alone
+            raise SinkConfigError(f"nats sink {self.name!r}: cannot create stream {self.stream!r} for subjects "
+                                  f"{self.subject!r}, '{self.subject}.>': {exc.description}") from exc
+
+    # -- delivery ---------------------------------------------------------------------------------
+    def deliver(self, batch: Sequence[OutboundMessage]) -> list[str | None]:
+        if not batch:
+            return []
+        with self._lock:
+            if self._nc is None or not self._nc.is_connected:
+                self.close()
+                self.open()
+            assert self._runner is not None
+            results, lost = self._runner.run(self._publish(batch))
+        if lost is not None and not any(r is None for r in results):
+            raise SinkUnavailable(f"nats sink {self.name!r}: {lost}")
+        return hold_back(batch, results)
+
+    async def _publish(self, batch: Sequence[OutboundMessage]) -> tuple[list[str | None], str | None]:
+        """Publish the batch; returns the results and why the connection was lost (if it was)."""
+        nc = self._nc
+        assert nc is not None
+        self._generation += 1
+        state = _Batch(prefix=f"{self._inbox}.{self._generation}.",
+                       subjects=[m.route or self.subject for m in batch],
+                       results=[_PENDING] * len(batch))
+        self._batch = state
+        results = state.results
+        failed: set[str] = set()
+        try:
+            for i, m in enumerate(batch):
+                if m.group is not None and m.group in failed:
+                    results[i] = HELD_NOT_SENT
+                    continue
+                if state.outstanding >= MAX_IN_FLIGHT and not await self._wait(state, MAX_IN_FLIGHT // 2):
+                    break
+                if state.lost is not None:
+                    break
+                try:
+                    await nc.publish(state.subjects[i], m.payload, reply=f"{state.prefix}{i}",
+                                     headers={"Nats-Msg-Id": m.key})
+                except (nats.errors.ConnectionClosedError, nats.errors.OutboundBufferLimitError,
+                        nats.errors.ConnectionReconnectingError) as exc:
+                    state.lost = f"connection unusable: {type(exc).__name__}"
+                    break
+                except nats.errors.Error as exc:  # this message only: bad subject, over max_payload, ...
+                    results[i] = f"nats: {type(exc).__name__}: {exc}"
+                    if m.group is not None:
+                        failed.add(m.group)
+                    continue
+                state.outstanding += 1
+            if state.lost is None:
+                await self._wait(state, 0)
+        finally:
+            self._batch = None
+        if state.lost is not None:
+            unacked = f"not delivered: {state.lost}"
+        else:
+            unacked = f"no PubAck within {int(self.ack_timeout_s * 1000)} ms (it may still have been stored)"
+        return [unacked if r is _PENDING else r for r in results], state.lost
+
+    async def _wait(self, state: _Batch, target: int) -> bool:
+        """Wait until at most `target` publishes are unacknowledged; False if acks stopped coming for
+        ack_timeout or the connection was lost."""
+        while state.outstanding > target and state.lost is None:
+            before = state.outstanding
+            state.wake_at = target
+            state.progress.clear()
+            try:
+                await asyncio.wait_for(state.progress.wait(), self.ack_timeout_s)
+            except TimeoutError:
+                if state.outstanding >= before:
+                    return False
+        return state.lost is None
+
+    async def _on_ack(self, msg: Msg) -> None:
+        state = self._batch
+        if state is None or not msg.subject.startswith(state.prefix):
+            return  # a late ack of an earlier batch: that message was already reported
+        try:
+            i = int(msg.subject[len(state.prefix):])
+        except ValueError:
+            return
+        if state.results[i] is not _PENDING:
+            return
+        state.results[i] = self._ack_error(msg, state.subjects[i])
+        state.outstanding -= 1
+        if state.outstanding <= state.wake_at:
+            state.progress.set()
+
+    @staticmethod
+    def _ack_error(msg: Msg, subject: str) -> str | None:
+        if msg.headers and msg.headers.get("Status") == _NO_RESPONDERS:
+            return f"no JetStream stream captures subject {subject!r}"
+        data = msg.data
+        if b'"error"' not in data:
+            return None  # a PubAck (a duplicate one too: the server already holds this Msg-Id)
+        try:
+            error = json.loads(data)["error"]
+            return f"JetStream error {error.get('code')}/{error.get('err_code')}: {error.get('description')}"
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return f"JetStream error: {data[:200].decode(errors='replace')}"

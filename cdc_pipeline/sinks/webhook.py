@@ -1,0 +1,212 @@
+"""Webhook sink: POST `{"data": [message, ...]}` in chunks of `batch_size`; any 2xx acknowledges the chunk.
+
+* The body is the already-encoded payloads joined with commas: never re-parsed or re-serialised.
+* `hmac_secret_env` names an environment variable; its value signs the exact body bytes
+  (HMAC-SHA256, lower-case hex) in `signature_header`.
+* A rejected chunk (non-2xx) of more than one message is bisected, halves sent left then right, until
+  the rejected messages are isolated, so one poison message does not fail its neighbours. After a
+  message fails, its group's later messages are not sent (held back), so a group never overtakes itself.
+* Statuses that speak for the whole endpoint (3xx, 401, 403, 407, 429, 502, 503, 504) are not bisected:
+  with nothing acknowledged yet they raise SinkUnavailable (retry the batch later), else they fail the
+  rest of the batch. Connection refused / DNS failure / connect timeout are handled the same way.
+* A timeout (`timeout_ms`, applied to each of connect, write and read) fails the chunk's messages
+  without bisecting: a slow endpoint would only get slower.
+* Chunks with disjoint groups may be in flight together (up to CONCURRENCY); ungrouped messages never
+  conflict. One keep-alive `httpx.Client` serves all of them.
+* `route` is ignored: a webhook sink has one URL.
+* Errors and logs never contain header values or the secret (they are masked even in echoed bodies).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+
+from cdc_pipeline.sinks.base import (
+    HELD_NOT_SENT,
+    OutboundMessage,
+    Sink,
+    SinkConfigError,
+    SinkConfigLike,
+    SinkUnavailable,
+    safe_endpoint,
+)
+
+CONCURRENCY = 4
+# The whole endpoint answers for these; bisecting would multiply requests without isolating anything.
+ENDPOINT_STATUSES = frozenset({401, 403, 407, 429, 502, 503, 504})
+_PENDING = "\x00pending"  # placeholder result; never returned (compared by identity)
+
+
+class _EndpointDown(Exception):
+    """The endpoint as a whole refuses or cannot be reached."""
+
+
+class _ChunkFailed(Exception):
+    """This request failed as a whole (timeout, broken connection, non-bisectable status)."""
+
+    def __init__(self, reason: str, bisect: bool) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.bisect = bisect
+
+
+class WebhookSink(Sink):
+    def __init__(self, sink_config: SinkConfigLike, environ: Mapping[str, str] = os.environ) -> None:
+        dest = sink_config.destination
+        self.name = sink_config.name
+        self.url: str = dest.url
+        self.extra_headers: dict[str, str] = dict(dest.headers or {})
+        self.timeout_ms: int = dest.timeout_ms
+        self.secret_env: str | None = dest.hmac_secret_env
+        self.signature_header: str = dest.signature_header
+        self.batch_size: int = dest.batch_size
+        self._environ = environ
+        self._secret: bytes | None = None
+        self._masked: list[str] = []  # values that must never appear in an error
+        self._client: httpx.Client | None = None
+        self._pool: ThreadPoolExecutor | None = None
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    def open(self) -> None:
+        if self.secret_env:
+            value = self._environ.get(self.secret_env)
+            if not value:
+                state = "is not set" if value is None else "is empty"
+                raise SinkConfigError(f"webhook sink {self.name!r}: environment variable {self.secret_env} "
+                                      f"(hmac_secret_env) {state}")
+            self._secret = value.encode()
+        self._masked = [v for v in [*self.extra_headers.values(), *([self._secret.decode()] if self._secret else [])]
+                        if len(v) >= 4]
+        self._client = httpx.Client(
+            timeout=httpx.Timeout(self.timeout_ms / 1000),
+            limits=httpx.Limits(max_connections=CONCURRENCY, max_keepalive_connections=CONCURRENCY),
+        )
+        self._pool = ThreadPoolExecutor(max_workers=CONCURRENCY, thread_name_prefix=f"webhook-{self.name}")
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    # -- delivery ---------------------------------------------------------------------------------
+    def deliver(self, batch: Sequence[OutboundMessage]) -> list[str | None]:
+        if self._client is None:
+            self.open()
+        assert self._pool is not None
+        results: list[str | None] = [_PENDING] * len(batch)
+        failed: set[str] = set()  # groups with a failed message: their later messages are held back
+        size = self.batch_size
+        chunks = [list(range(i, min(i + size, len(batch)))) for i in range(0, len(batch), size)]
+        down: str | None = None
+        for wave in _waves(batch, chunks):
+            if down is not None:
+                for chunk in wave:
+                    for i in chunk:
+                        results[i] = f"not sent: {down}"
+                continue
+            if len(wave) == 1:
+                outcomes = [self._run_chunk(batch, wave[0], results, failed)]
+            else:
+                outcomes = list(self._pool.map(lambda c: self._run_chunk(batch, c, results, failed), wave))
+            for chunk, reason in zip(wave, outcomes, strict=True):
+                if reason is None:
+                    continue
+                down = reason
+                for i in chunk:
+                    if results[i] is _PENDING:
+                        results[i] = f"not sent: {reason}"
+            if down is not None and not any(r is None for r in results):
+                raise SinkUnavailable(down)
+        return results
+
+    def _run_chunk(self, batch: Sequence[OutboundMessage], chunk: list[int], results: list[str | None],
+                   failed: set[str]) -> str | None:
+        """Deliver one chunk (bisecting as needed); returns why the endpoint is down, if it is."""
+        try:
+            self._attempt(batch, chunk, results, failed)
+        except _EndpointDown as exc:
+            return str(exc)
+        return None
+
+    def _attempt(self, batch: Sequence[OutboundMessage], idx: list[int], results: list[str | None],
+                 failed: set[str]) -> None:
+        send: list[int] = []
+        for i in idx:
+            group = batch[i].group
+            if group is not None and group in failed:
+                results[i] = HELD_NOT_SENT
+            else:
+                send.append(i)
+        if not send:
+            return
+        try:
+            self._post([batch[i].payload for i in send])
+        except _ChunkFailed as exc:
+            if exc.bisect and len(send) > 1:
+                mid = len(send) // 2
+                self._attempt(batch, send[:mid], results, failed)  # left first: keeps group order
+                self._attempt(batch, send[mid:], results, failed)
+                return
+            for i in send:
+                results[i] = exc.reason
+                group = batch[i].group
+                if group is not None:
+                    failed.add(group)
+            return
+        for i in send:
+            results[i] = None
+
+    def _post(self, payloads: list[bytes]) -> None:
+        assert self._client is not None
+        body = b'{"data":[' + b",".join(payloads) + b"]}"
+        headers = {"Content-Type": "application/json", **self.extra_headers}
+        if self._secret is not None:
+            headers[self.signature_header] = hmac.new(self._secret, body, hashlib.sha256).hexdigest()
+        where = safe_endpoint(self.url)
+        try:
+            response = self._client.post(self.url, content=body, headers=headers)
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+            raise _EndpointDown(f"webhook {where} unreachable: {type(exc).__name__}: {self._mask(str(exc))}") from exc
+        except httpx.TimeoutException as exc:
+            raise _ChunkFailed(f"timeout: no response from {where} within {self.timeout_ms} ms "
+                               f"({type(exc).__name__})", bisect=False) from exc
+        except httpx.TransportError as exc:
+            raise _ChunkFailed(f"transport error: {type(exc).__name__}: {self._mask(str(exc))}",
+                               bisect=False) from exc
+        status = response.status_code
+        if 200 <= status < 300:
+            return
+        reason = f"HTTP {status}: {self._mask(response.text[:200])}"
+        if status in ENDPOINT_STATUSES or 300 <= status < 400:
+            raise _EndpointDown(f"webhook {where} answered {reason}")
+        raise _ChunkFailed(reason, bisect=status != 408)
+
+    def _mask(self, text: str) -> str:
+        for value in self._masked:
+            text = text.replace(value, "***")
+        return text
+
+
+def _waves(batch: Sequence[OutboundMessage], chunks: list[list[int]]) -> list[list[list[int]]]:
+    """Consecutive chunks grouped into waves of up to CONCURRENCY whose groups are pairwise disjoint,
+    so chunks of one wave can be in flight together without reordering any group."""
+    waves: list[list[list[int]]] = []
+    seen: set[str] = set()
+    for chunk in chunks:
+        groups = {g for i in chunk if (g := batch[i].group) is not None}
+        if waves and len(waves[-1]) < CONCURRENCY and seen.isdisjoint(groups):
+            waves[-1].append(chunk)
+            seen |= groups
+        else:
+            waves.append([chunk])
+            seen = groups
+    return waves
