@@ -8,7 +8,7 @@ demo:
 # The whole test suite (real PostgreSQL, Spark, Dagster, Redis, RabbitMQ, NATS)
 test:
 	./scripts/bootstrap
-	.venv/bin/ruff check cdc_pipeline cdc_pipeline_tests bench
+	.venv/bin/ruff check cdc_pipeline cdc_pipeline_tests $(wildcard bench)
 	.venv/bin/python -m pytest -p no:cacheprovider -q -rfEs cdc_pipeline_tests
 
 bench:

@@ -3,10 +3,10 @@ change log's figures on its asset, then requests delivery runs for the sinks tha
 
 
 from dagster import (
-    DefaultSensorStatus,
     AssetKey,
     AssetMaterialization,
     AssetSpec,
+    DefaultSensorStatus,
     JobDefinition,
     SensorDefinition,
     SensorEvaluationContext,

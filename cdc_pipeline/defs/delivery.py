@@ -3,7 +3,6 @@
 
 import psycopg
 from dagster import (
-    DefaultSensorStatus,
     AssetCheckResult,
     AssetCheckSeverity,
     AssetCheckSpec,
@@ -13,6 +12,7 @@ from dagster import (
     Backoff,
     Config,
     DagsterRunStatus,
+    DefaultSensorStatus,
     Jitter,
     MaterializeResult,
     RetryPolicy,
@@ -31,8 +31,8 @@ from dagster import (
 from dagster_pyspark import PySparkResource
 
 from cdc_pipeline.config import PipelineConfig, SinkConfig
-from cdc_pipeline.delivery.engine import Deliverer
 from cdc_pipeline.defs.resources import CdcConfigResource
+from cdc_pipeline.delivery.engine import Deliverer
 from cdc_pipeline.sinks.base import SinkUnavailable
 from cdc_pipeline.state.store import Store
 

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import select
 import struct
 import time
@@ -112,7 +113,6 @@ class ReplicationStream:
             select.select([], [self._socket], [], 1.0)
 
     def close(self) -> None:
-        try:
+        # Closing a broken connection must not mask the real error.
+        with contextlib.suppress(Exception):
             self.conn.close()
-        except Exception:  # closing a broken connection must not mask the real error
-            pass
