@@ -74,6 +74,42 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_failed(args: argparse.Namespace) -> int:
+    import psycopg
+
+    from cdc_pipeline.state.store import Store
+
+    config = _config(args)
+    if args.sink:
+        config.sink(args.sink)  # unknown sink: a clear error
+    store = Store(config.state.schema_name)
+    with psycopg.connect(config.state_dsn) as conn:
+        if args.action == "list":
+            items = store.list_failed(conn, args.sink)
+            if args.json:
+                print(json.dumps(items, indent=2, default=str))
+            for it in [] if args.json else items:
+                print(f"{it['sink']} {it['id']} group={it['group_key']} {it['status']} attempts={it['attempts']} "
+                      f"next={it['next_attempt_at']:%Y-%m-%d %H:%M:%S} error={it['last_error']}")
+            if not items and not args.json:
+                print("no failed messages")
+            return 0
+        if not args.all and not args.id:
+            raise ConfigError(f"failed {args.action}: give a message ID (from `failed list`) or --all")
+        position = None
+        if args.id:
+            lsn, _, idx = args.id.partition(":")
+            if not (lsn.isdigit() and idx.lstrip("-").isdigit()):
+                raise ConfigError(f"failed {args.action}: {args.id!r} is not a message ID like 24681234:3")
+            position = (int(lsn), int(idx))
+        fn = store.retry_now if args.action == "retry" else store.discard_now
+        n = fn(conn, args.sink, position)
+        conn.commit()
+    verb = "due for retry now" if args.action == "retry" else "discarded"
+    print(f"{n} message(s) {verb}")
+    return 0 if n or args.all else 1
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from cdc_pipeline.demo import run_demo
 
@@ -109,6 +145,13 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("status", help="slot lag, log, sink offsets, failed messages")
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_status)
+    f = sub.add_parser("failed", help="list, retry or discard parked messages")
+    f.add_argument("action", choices=["list", "retry", "discard"])
+    f.add_argument("id", nargs="?", help="message ID (commit_lsn:commit_idx) for retry/discard")
+    f.add_argument("--all", action="store_true", help="retry/discard every parked message (of --sink)")
+    f.add_argument("--sink", help="only this sink")
+    f.add_argument("--json", action="store_true")
+    f.set_defaults(fn=cmd_failed)
     m = sub.add_parser("demo", help="embedded Postgres + sample load + pipeline + Dagster UI")
     m.add_argument("--port", type=int, default=3000)
     m.add_argument("--seconds", type=float, default=None, help="stop after this long (default: until Ctrl-C)")

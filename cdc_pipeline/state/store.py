@@ -154,3 +154,32 @@ class Store:
         assert row is not None
         return {"parked": int(row[0]), "discarded": int(row[1]),
                 "oldest_parked_seconds": round(row[2], 1) if row[2] is not None else None}
+
+    def list_failed(self, conn: psycopg.Connection, sink: str | None) -> list[dict[str, object]]:
+        rows = conn.execute(sql.SQL(
+            "SELECT sink, commit_lsn, commit_idx, group_key, status, attempts, last_error, first_failed_at, "
+            "next_attempt_at FROM {}.failed_messages WHERE %s::text IS NULL OR sink = %s "
+            "ORDER BY sink, commit_lsn, commit_idx").format(self.s), (sink, sink)).fetchall()
+        keys = ("sink", "commit_lsn", "commit_idx", "group_key", "status", "attempts", "last_error",
+                "first_failed_at", "next_attempt_at")
+        return [{**dict(zip(keys, r, strict=True)), "id": f"{r[1]}:{r[2]}"} for r in rows]
+
+    def retry_now(self, conn: psycopg.Connection, sink: str | None, position: Position | None) -> int:
+        """Make parked (or discarded) messages due now; None position = all of the sink(s)."""
+        cur = conn.execute(sql.SQL(
+            "UPDATE {}.failed_messages SET status = 'parked', next_attempt_at = now() "
+            "WHERE (%s::text IS NULL OR sink = %s) AND (%s::bigint IS NULL OR (commit_lsn = %s AND commit_idx = %s))"
+        ).format(self.s), (sink, sink, *_pos_params(position)))
+        return cur.rowcount
+
+    def discard_now(self, conn: psycopg.Connection, sink: str | None, position: Position | None) -> int:
+        cur = conn.execute(sql.SQL(
+            "UPDATE {}.failed_messages SET status = 'discarded', last_error = coalesce(last_error, '') || "
+            "' (discarded by operator)' WHERE status = 'parked' AND (%s::text IS NULL OR sink = %s) "
+            "AND (%s::bigint IS NULL OR (commit_lsn = %s AND commit_idx = %s))").format(self.s),
+            (sink, sink, *_pos_params(position)))
+        return cur.rowcount
+
+
+def _pos_params(position: Position | None) -> tuple[int | None, int | None, int | None]:
+    return (None, None, None) if position is None else (position[0], position[0], position[1])

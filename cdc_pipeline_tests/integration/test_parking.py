@@ -1,0 +1,78 @@
+"""Poison messages: parked with their group, others keep flowing, retried in order, discarded after
+max_retries, managed from the CLI. The fault is real: the mirror table rejects one key."""
+
+from __future__ import annotations
+
+import time
+
+import psycopg
+
+from cdc_pipeline.cli import main
+from cdc_pipeline.setup import setup
+from cdc_pipeline_tests.helpers import assert_mirrored, deliver, drain, mirror_config
+
+
+def _prepare(source_db, dest, write_config, **sink):  # type: ignore[no-untyped-def]
+    source_db.execute("CREATE TABLE acct (id int PRIMARY KEY, balance int)")
+    data = mirror_config(source_db.dsn, dest.dsn, ["public.acct"], target="mirror.acct",
+                         backoff={"initial_ms": 1, "max_ms": 2, "jitter": 0}, **sink)
+    config = write_config(data)
+    setup(config)
+    # Create the mirror up front with a constraint that rejects every version of key 7 but its first.
+    dest.execute("CREATE SCHEMA mirror; CREATE TABLE mirror.acct (id int PRIMARY KEY, balance int, "
+                 "CONSTRAINT poison CHECK (id <> 7 OR balance = 0))")
+    return config
+
+
+def _parked(config) -> list[tuple[int, int, str, int]]:  # type: ignore[no-untyped-def]
+    with psycopg.connect(config.state_dsn) as conn:
+        return conn.execute("SELECT commit_lsn, commit_idx, status, attempts FROM cdc_pipeline.failed_messages "
+                            "ORDER BY commit_lsn, commit_idx").fetchall()
+
+
+def test_poison_key_is_parked_others_flow_then_retried_in_order(source_db, db_factory, write_config, spark,
+                                                                capsys):
+    dest = db_factory()
+    config = _prepare(source_db, dest, write_config)
+    source_db.execute("INSERT INTO acct SELECT g, 0 FROM generate_series(1, 20) g")
+    for i in range(1, 4):  # three updates of every key, each in its own transaction
+        source_db.execute("UPDATE acct SET balance = %s", (i,))
+    drain(config)
+    stats = deliver(config, spark)
+    assert stats.parked == 3  # key 7's three updates: the first failed, the other two held behind it
+    parked = _parked(config)
+    assert [p[3] for p in parked] == [1, 0, 0]
+    # Every other key is fully delivered; key 7 stays at its last good version.
+    rows = dict(dest.execute("SELECT id, balance FROM mirror.acct"))
+    assert all(rows[k] == 3 for k in rows if k != 7) and len(rows) == 20
+    assert rows[7] == 0
+    # Retries keep failing while the fault lasts; order within the key holds (nothing applied).
+    deliver(config, spark)
+    assert dict(dest.execute("SELECT id, balance FROM mirror.acct"))[7] == 0
+
+    assert main(["--config", str(config.path), "failed", "list"]) == 0
+    assert "group=" in capsys.readouterr().out
+    dest.execute("ALTER TABLE mirror.acct DROP CONSTRAINT poison")
+    assert main(["--config", str(config.path), "failed", "retry", "--all"]) == 0
+    stats = deliver(config, spark)
+    assert stats.retried == 3
+    assert _parked(config) == []
+    assert_mirrored(source_db.dsn, "public.acct", dest.dsn, "mirror.acct")
+
+
+def test_max_retries_discards_and_lists(source_db, db_factory, write_config, spark, capsys):
+    dest = db_factory()
+    config = _prepare(source_db, dest, write_config, max_retries=2)
+    source_db.execute("INSERT INTO acct SELECT g, 0 FROM generate_series(1, 10) g")
+    source_db.execute("UPDATE acct SET balance = 1 WHERE id IN (6, 7)")
+    drain(config)
+    deliver(config, spark)
+    for _ in range(4):
+        deliver(config, spark)  # due immediately (backoff of a few ms): retry 1, retry 2, then discard
+        time.sleep(0.05)
+    parked = _parked(config)
+    assert [p[2] for p in parked] == ["discarded"]
+    assert main(["--config", str(config.path), "failed", "list", "--json"]) == 0
+    assert '"discarded"' in capsys.readouterr().out
+    rows = dict(dest.execute("SELECT id, balance FROM mirror.acct"))
+    assert rows[6] == 1 and rows[7] == 0
