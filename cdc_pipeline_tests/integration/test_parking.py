@@ -41,7 +41,7 @@ def test_poison_key_is_parked_others_flow_then_retried_in_order(source_db, db_fa
     stats = deliver(config, spark)
     assert stats.parked == 3  # key 7's three updates: the first failed, the other two held behind it
     parked = _parked(config)
-    assert [p[3] for p in parked] == [1, 0, 0]
+    assert parked[0][3] >= 1 and [p[3] for p in parked[1:]] == [0, 0]  # head failed; the rest held
     # Every other key is fully delivered; key 7 stays at its last good version.
     rows = dict(dest.execute("SELECT id, balance FROM mirror.acct"))
     assert all(rows[k] == 3 for k in rows if k != 7) and len(rows) == 20
