@@ -110,7 +110,7 @@ class NatsSink(Sink):
         where = safe_endpoint(self.url)
 
         async def on_error(exc: Exception) -> None:
-            log.warning("nats sink %s: %s: %s: %s", self.name, where, type(exc).__name__, exc)
+            log.info("nats sink %s: %s: %s: %s", self.name, where, type(exc).__name__, exc)
 
         async def on_disconnect() -> None:
             batch = self._batch
@@ -119,9 +119,12 @@ class NatsSink(Sink):
                 batch.progress.set()
 
         try:
-            # allow_reconnect=False: fail fast on a refused connection instead of nats-py's endless retries.
+            # No nats-py reconnects (see the module doc). Its initial connect still walks the server pool
+            # until each server exceeds max_reconnect_attempts, pausing reconnect_time_wait in between:
+            # 1 and a short wait make a refused connection fail in milliseconds, not minutes.
             nc = await nats.connect(self.url, name=f"cdc-pipeline:{self.name}", connect_timeout=CONNECT_TIMEOUT_S,
-                                    allow_reconnect=False, error_cb=on_error, disconnected_cb=on_disconnect)
+                                    allow_reconnect=False, max_reconnect_attempts=1, reconnect_time_wait=0.05,
+                                    error_cb=on_error, disconnected_cb=on_disconnect)
         except (TimeoutError, OSError, nats.errors.Error) as exc:
             raise SinkUnavailable(f"nats sink {self.name!r}: cannot connect to {where}: "
                                   f"{type(exc).__name__}: {exc}") from exc
@@ -134,19 +137,26 @@ class NatsSink(Sink):
         js = self._nc.jetstream(timeout=max(self.ack_timeout_s, 5.0))
         try:
             await js.stream_info(self.stream)
-            return
+            exists = True
         except nats.js.errors.NotFoundError:
-            pass
+            exists = False
         except (nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError, nats.errors.TimeoutError) as exc:
             raise SinkUnavailable(f"nats sink {self.name!r}: JetStream not available at "
                                   f"{safe_endpoint(self.url)}: {type(exc).__name__}") from exc
+        if not exists:
+            try:
+                await js.add_stream(name=self.stream, subjects=[self.subject, f"{self.subject}.>"])
+            except nats.js.errors.BadRequestError as exc:
+                if exc.err_code != _ERR_STREAM_NAME_IN_USE:  # in use: created concurrently, fine
+                    raise SinkConfigError(f"nats sink {self.name!r}: cannot create stream {self.stream!r} for "
+                                          f"subjects {self.subject!r}, '{self.subject}.>': {exc.description}") from exc
         try:
-            await js.add_stream(name=self.stream, subjects=[self.subject, f"{self.subject}.>"])
-        except nats.js.errors.BadRequestError as exc:
-            if exc.err_code == _ERR_STREAM_NAME_IN_USE:
-                return  # created concurrently by another process: leave it alone
-            raise SinkConfigError(f"nats sink {self.name!r}: cannot create stream {self.stream!r} for subjects "
-                                  f"{self.subject!r}, '{self.subject}.>': {exc.description}") from exc
+            # An existing stream is left alone, but if nothing captures the default subject every
+            # message would fail: say so now, once, instead of parking the whole log.
+            await js.find_stream_name_by_subject(self.subject)
+        except nats.js.errors.NotFoundError as exc:
+            raise SinkConfigError(f"nats sink {self.name!r}: no JetStream stream captures subject {self.subject!r} "
+                                  f"(stream {self.stream!r} exists with other subjects)") from exc
 
     # -- delivery ---------------------------------------------------------------------------------
     def deliver(self, batch: Sequence[OutboundMessage]) -> list[str | None]:

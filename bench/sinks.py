@@ -1,0 +1,222 @@
+"""Sink throughput at the sink interface: msgs/s through `deliver()` against the real local servers.
+
+    python bench/sinks.py                        # 200,000 messages of ~250 bytes, every sink
+    python bench/sinks.py --sinks redis,nats --messages 50000 --grouped
+    python bench/sinks.py --receiver http.server # webhook against a threaded http.server instead
+
+Batches are what the delivery engine hands a sink (default 20,000 per deliver() call); the webhook
+sink splits them into chunks of --webhook-chunk (default 1,000). The webhook receiver runs in its own
+process (asyncio: parses Content-Length, answers 200 at once), so it does not share the client's GIL.
+Every message must be acknowledged, else the run fails. Targets: redis and nats >= 50,000 msgs/s
+ungrouped; webhook >= 20,000 msgs/s in chunks of 1,000.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import socket
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from cdc_pipeline.config import (  # noqa: E402 (after the path set-up, so it runs from a checkout)
+    NatsDestination,
+    RabbitMQDestination,
+    RedisStreamDestination,
+    WebhookDestination,
+)
+from cdc_pipeline.sinks import build_sink  # noqa: E402
+from cdc_pipeline.sinks.base import OutboundMessage, Sink  # noqa: E402
+
+TARGETS = {"redis": 50_000, "nats": 50_000, "webhook": 20_000}
+
+
+def make_messages(n: int, grouped: bool, size: int = 250) -> list[OutboundMessage]:
+    out = []
+    for i in range(n):
+        doc: dict[str, Any] = {
+            "record": {"id": i, "account_id": i % 1000, "status": "paid", "note": ""},
+            "changes": None,
+            "action": "insert",
+            "metadata": {"table_schema": "public", "table_name": "orders", "commit_lsn": 10_000_000 + i,
+                         "commit_idx": i, "idempotency_key": f"{10_000_000 + i}:{i}"},
+        }
+        base = len(json.dumps(doc, separators=(",", ":")))
+        doc["record"]["note"] = "x" * max(0, size - base)  # pad to ~size bytes
+        out.append(OutboundMessage(key=f"{10_000_000 + i}:{i}", group=f"g{i % 1000}" if grouped else None,
+                                   route=None, payload=json.dumps(doc, separators=(",", ":")).encode()))
+    return out
+
+
+# -- webhook receivers ------------------------------------------------------------------------------
+
+def _asyncio_receiver(port_out: Any) -> None:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line[:15].lower() == b"content-length:":
+                        length = int(line[15:])
+                await reader.readexactly(length)
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    async def main() -> None:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0, limit=64 * 1024 * 1024)
+        port_out.put(server.sockets[0].getsockname()[1])
+        await server.serve_forever()
+
+    asyncio.run(main())
+
+
+def _threaded_receiver(port_out: Any) -> None:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    port_out.put(server.server_address[1])
+    server.serve_forever()
+
+
+@contextmanager
+def receiver(kind: str) -> Iterator[int]:
+    ctx = multiprocessing.get_context("spawn")
+    port_out = ctx.Queue()
+    target = _asyncio_receiver if kind == "asyncio" else _threaded_receiver
+    proc = ctx.Process(target=target, args=(port_out,), daemon=True)
+    proc.start()
+    try:
+        yield port_out.get(timeout=30)
+    finally:
+        proc.terminate()
+        proc.join(5)
+
+
+# -- per-sink set-up and clean-up -----------------------------------------------------------------
+
+@contextmanager
+def redis_dest() -> Iterator[Any]:
+    import redis
+
+    key = f"cdc:bench:{uuid.uuid4().hex[:8]}"
+    yield RedisStreamDestination(stream_key=key)
+    client = redis.Redis()
+    client.delete(key)
+    client.close()
+
+
+@contextmanager
+def nats_dest() -> Iterator[Any]:
+    import nats
+
+    suffix = uuid.uuid4().hex[:8]
+    stream = f"CDC_BENCH_{suffix}"
+    yield NatsDestination(subject=f"cdc.bench{suffix}", stream=stream)
+
+    async def drop() -> None:
+        nc = await nats.connect("nats://127.0.0.1:4222")
+        await nc.jetstream().delete_stream(stream)
+        await nc.close()
+
+    asyncio.run(drop())
+
+
+@contextmanager
+def rabbitmq_dest() -> Iterator[Any]:
+    import pika
+
+    name = f"cdc-bench-{uuid.uuid4().hex[:8]}"
+    conn = pika.BlockingConnection(pika.URLParameters("amqp://guest:guest@127.0.0.1:5672/%2F"))
+    channel = conn.channel()
+    channel.exchange_declare(name, exchange_type="topic", durable=True)
+    channel.queue_declare(name, durable=True)
+    channel.queue_bind(name, name, "#")  # mandatory publishing: something must be bound
+    try:
+        yield RabbitMQDestination(exchange=name)
+    finally:
+        channel.queue_delete(name)
+        channel.exchange_delete(name)
+        conn.close()
+
+
+@contextmanager
+def webhook_dest(kind: str, chunk: int) -> Iterator[Any]:
+    with receiver(kind) as port:
+        yield WebhookDestination(url=f"http://127.0.0.1:{port}/hook", batch_size=chunk)
+
+
+def run(sink: Sink, batch: list[OutboundMessage], per_call: int) -> float:
+    sink.deliver(batch[:1000])  # warm-up: connections, JIT-free but caches and pools
+    started = time.perf_counter()
+    for i in range(0, len(batch), per_call):
+        part = batch[i:i + per_call]
+        results = sink.deliver(part)
+        failed = [r for r in results if r is not None]
+        if failed:
+            raise SystemExit(f"{sink.name}: {len(failed)} messages failed, e.g. {failed[0]}")
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--messages", type=int, default=200_000)
+    parser.add_argument("--batch", type=int, default=20_000, help="messages per deliver() call")
+    parser.add_argument("--webhook-chunk", type=int, default=1_000)
+    parser.add_argument("--sinks", default="webhook,redis,nats,rabbitmq")
+    parser.add_argument("--grouped", action="store_true", help="1,000 groups instead of ungrouped")
+    parser.add_argument("--receiver", choices=("asyncio", "http.server"), default="asyncio")
+    args = parser.parse_args()
+
+    batch = make_messages(args.messages, args.grouped)
+    avg = sum(len(m.payload) for m in batch) / len(batch)
+    setups: dict[str, Callable[[], Any]] = {
+        "webhook": lambda: webhook_dest(args.receiver, args.webhook_chunk),
+        "redis": redis_dest,
+        "nats": nats_dest,
+        "rabbitmq": rabbitmq_dest,
+    }
+    print(f"{args.messages:,} messages of {avg:.0f} bytes, {args.batch:,} per deliver(), "
+          f"{'1,000 groups' if args.grouped else 'ungrouped'}, {os.cpu_count()} CPUs"
+          + (f", webhook receiver {args.receiver}" if "webhook" in args.sinks else ""))
+    print(f"| {'sink':<9} | {'seconds':>8} | {'msgs/s':>9} | {'MB/s':>6} | {'target':>8} |")
+    print(f"|{'-' * 11}|{'-' * 10}|{'-' * 11}|{'-' * 8}|{'-' * 10}|")
+    for name in args.sinks.split(","):
+        with setups[name]() as dest:
+            sink = build_sink(SimpleNamespace(name=f"bench_{name}", destination=dest), environ={})
+            with sink:
+                seconds = run(sink, batch, args.batch)
+        rate = len(batch) / seconds
+        target = TARGETS.get(name)
+        verdict = "" if target is None else (f">={target // 1000}k ok" if rate >= target else f"<{target // 1000}k!")
+        print(f"| {name:<9} | {seconds:8.2f} | {rate:9,.0f} | {rate * avg / 1e6:6.1f} | {verdict:>8} |", flush=True)
+
+
+if __name__ == "__main__":
+    socket.setdefaulttimeout(None)
+    main()
