@@ -9,6 +9,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
+from cdc_pipeline.backfill.cli import add_parser as add_backfill_parser
 from cdc_pipeline.config import ConfigError, PipelineConfig, load_config, redact
 
 
@@ -152,6 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--sink", help="only this sink")
     f.add_argument("--json", action="store_true")
     f.set_defaults(fn=cmd_failed)
+    add_backfill_parser(sub)
     m = sub.add_parser("demo", help="embedded Postgres + sample load + pipeline + Dagster UI")
     m.add_argument("--port", type=int, default=3000)
     m.add_argument("--seconds", type=float, default=None, help="stop after this long (default: until Ctrl-C)")

@@ -5,6 +5,7 @@ The same dict feeds the CLI (text or --json) and the Dagster asset metadata.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -56,13 +57,28 @@ def collect(config: PipelineConfig) -> dict[str, Any]:
             failed = store.failed_summary(conn, sink.name)
             out["sinks"][sink.name] = {
                 "offset": f"{pos[0]}:{pos[1]}",
-                "lag_messages": store.count_after(conn, sink.tables, pos),
+                "lag_messages": store.count_after(conn, sink.tables, pos, sink=sink.name),
                 "delivered": int(offset[2]) if offset else 0,
                 "filtered": int(offset[3]) if offset else 0,
                 **failed,
                 "updated_at": offset[4].isoformat() if offset else None,
             }
+        out["backfills"], out["backfills_text"] = _backfills(config, conn)
     return out
+
+
+def _backfills(config: PipelineConfig, conn: psycopg.Connection) -> tuple[list[dict[str, Any]], list[str]]:
+    """Active backfills with progress and checkpoints, and those that finished in the last day."""
+    from cdc_pipeline.backfill.cli import describe
+    from cdc_pipeline.backfill.state import ACTIVE, BackfillStore
+
+    found = conn.execute("SELECT to_regclass(format('%%I.backfills', %s::text))", (config.state.schema_name,)).fetchone()
+    if not found or found[0] is None:
+        return [], []  # state schema from before backfills: `cdc-pipeline setup` adds them
+    day_ago = datetime.now(UTC) - timedelta(days=1)
+    infos = [i for i in BackfillStore(config.state.schema_name).list(conn, limit=20)
+             if i.status in ACTIVE or (i.finished_at is not None and i.finished_at > day_ago)]
+    return [i.as_dict() for i in infos], ["backfill " + describe(i) for i in infos]
 
 
 def render(status: dict[str, Any]) -> str:

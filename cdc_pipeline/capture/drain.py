@@ -23,6 +23,7 @@ import psycopg
 from psycopg import sql
 
 from cdc_pipeline.capture.changes import LOG_COLUMNS, LogRow, RelationShape, row_change, truncate_row
+from cdc_pipeline.capture.reconcile import watermark_hooks
 from cdc_pipeline.config import PipelineConfig
 from cdc_pipeline.postgres import catalog, pgoutput
 from cdc_pipeline.postgres.replication import Keepalive, ReplicationStream, XLogData
@@ -61,7 +62,8 @@ class Drain:
     def __init__(self, config: PipelineConfig, message_hooks: dict[str, MessageHook] | None = None) -> None:
         self.config = config
         self.schema = sql.Identifier(config.state.schema_name)
-        self.hooks = dict(message_hooks or {})
+        # Backfill watermarks are always reconciled (capture/reconcile.py); callers may add hooks.
+        self.hooks: dict[str, MessageHook] = {**watermark_hooks(config), **(message_hooks or {})}
         self._shapes: dict[int, RelationShape] = {}
         self._rows: list[LogRow] = []
         self._stop = threading.Event()

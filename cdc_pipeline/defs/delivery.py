@@ -116,7 +116,7 @@ def lagging_sinks(pipeline: PipelineConfig) -> dict[str, tuple[int, int]]:
     out: dict[str, tuple[int, int]] = {}
     with psycopg.connect(pipeline.state_dsn, autocommit=True) as conn:
         for sink in pipeline.sinks:
-            head = store.log_head(conn, sink.tables)
+            head = store.log_head(conn, sink.tables, sink=sink.name)
             offset = store.sink_offset(conn, sink.name)
             due = store.due_retries(conn, sink.name, 1)
             if head > offset or due:

@@ -124,7 +124,7 @@ class Deliverer:
                             break
                         self._stop.wait(self.config.delivery.idle_seconds)
                 stats.offset = offset
-                stats.lag_messages = self.store.count_after(conn, self.sink_config.tables, offset)
+                stats.lag_messages = self.store.count_after(conn, self.sink_config.tables, offset, sink=name)
                 conn.commit()
             finally:
                 if self.sink is not None:
@@ -136,7 +136,8 @@ class Deliverer:
         return self.store.relation_columns(conn) if self.plan.needs_record else {}
 
     def _batch(self, conn: psycopg.Connection, offset: Position, stats: DeliveryStats) -> tuple[int, Position]:
-        batch = self.store.load_batch(conn, self.sink_config.tables, offset, self.batch_size)
+        batch = self.store.load_batch(conn, self.sink_config.tables, offset, self.batch_size,
+                                      sink=self.sink_config.name)
         conn.commit()
         if batch.num_rows == 0:
             return 0, offset

@@ -69,6 +69,78 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX ON {s}.failed_messages (sink, status, group_key);
     """,
+    # 2: backfills (cdc_pipeline/backfill). Pages are staged here before their high watermark; the
+    # drain reconciles them at it (capture/reconcile.py), finding changes of transactions a page's
+    # snapshot could not see through the xid index.
+    """
+    CREATE TABLE {s}.backfills (
+        id             text PRIMARY KEY,
+        identity       text        NOT NULL,
+        table_schema   text        NOT NULL,
+        table_name     text        NOT NULL,
+        sinks          text[]      NOT NULL,
+        primary_key    text[]      NOT NULL,
+        keyset         text[]      NOT NULL,
+        sort_column    text,
+        start_value    text,
+        end_value      text,
+        status         text        NOT NULL DEFAULT 'running',
+        origin         text,
+        estimated_rows bigint,
+        cursor         text[],
+        pages          integer     NOT NULL DEFAULT 0,
+        rows_read      bigint      NOT NULL DEFAULT 0,
+        rows_dropped   bigint      NOT NULL DEFAULT 0,
+        checkpoint_at  timestamptz,
+        error          text,
+        created_at     timestamptz NOT NULL DEFAULT now(),
+        updated_at     timestamptz NOT NULL DEFAULT now(),
+        finished_at    timestamptz
+    );
+    CREATE INDEX ON {s}.backfills (table_schema, table_name) WHERE status IN ('running', 'paused');
+    CREATE TABLE {s}.backfill_pages (
+        backfill_id   text        NOT NULL,
+        page_no       integer     NOT NULL,
+        snapshot      text        NOT NULL,
+        read_at       timestamptz NOT NULL,
+        page_size     integer     NOT NULL,
+        rows          integer     NOT NULL,
+        read_ms       real        NOT NULL,
+        cursor        text[],
+        last          boolean     NOT NULL,
+        status        text        NOT NULL DEFAULT 'staged',
+        dropped       integer,
+        high_lsn      bigint,
+        high_idx      integer,
+        staged_at     timestamptz NOT NULL DEFAULT now(),
+        reconciled_at timestamptz,
+        PRIMARY KEY (backfill_id, page_no)
+    );
+    CREATE TABLE {s}.backfill_low_watermarks (
+        backfill_id text    NOT NULL,
+        page_no     integer NOT NULL,
+        commit_lsn  bigint  NOT NULL,
+        commit_idx  integer NOT NULL,
+        PRIMARY KEY (backfill_id, page_no)
+    );
+    CREATE TABLE {s}.backfill_rows (
+        backfill_id text    NOT NULL,
+        page_no     integer NOT NULL,
+        seq         integer NOT NULL,
+        pk          text    NOT NULL,
+        record      jsonb   NOT NULL,
+        cursor      text
+    );
+    CREATE INDEX ON {s}.backfill_rows (backfill_id, page_no);
+    CREATE TABLE {s}.backfill_readers (
+        backfill_id   text PRIMARY KEY,
+        page_attempts integer     NOT NULL DEFAULT 0,
+        rows_fetched  bigint      NOT NULL DEFAULT 0,
+        page_size     integer,
+        updated_at    timestamptz NOT NULL DEFAULT now()
+    );
+    CREATE INDEX change_log_xid ON {s}.change_log (xid) WHERE xid IS NOT NULL;
+    """,
 ]
 
 

@@ -32,6 +32,10 @@ def _to_arrow(rows: list[tuple[object, ...]]) -> pa.Table:
     )
 
 
+def _sink(sink: str | None) -> tuple[str, ...]:
+    return () if sink is None else (sink,)
+
+
 @dataclass(frozen=True)
 class Store:
     schema: str
@@ -41,29 +45,48 @@ class Store:
         return sql.Identifier(self.schema)
 
     # -- the log ----------------------------------------------------------------------------------
-    def load_batch(self, conn: psycopg.Connection, tables: Sequence[str], after: Position, limit: int) -> pa.Table:
+    def load_batch(self, conn: psycopg.Connection, tables: Sequence[str], after: Position, limit: int,
+                   sink: str | None = None) -> pa.Table:
         query = sql.SQL(_SELECT + "WHERE (commit_lsn, commit_idx) > (%s, %s) "
-                        "AND table_schema || '.' || table_name = ANY(%s) "
-                        "ORDER BY commit_lsn, commit_idx LIMIT %s").format(self.s)
-        return _to_arrow(conn.execute(query, (after[0], after[1], list(tables), limit)).fetchall())
+                        "AND table_schema || '.' || table_name = ANY(%s) {routing}"
+                        "ORDER BY commit_lsn, commit_idx LIMIT %s").format(self.s, routing=self._routing(sink))
+        return _to_arrow(conn.execute(query, (after[0], after[1], list(tables), *_sink(sink), limit)).fetchall())
 
     def load_positions(self, conn: psycopg.Connection, positions: Sequence[Position]) -> pa.Table:
         query = sql.SQL(_SELECT + "WHERE (commit_lsn, commit_idx) IN (SELECT * FROM unnest(%s::bigint[], %s::int[])) "
                         "ORDER BY commit_lsn, commit_idx").format(self.s)
         return _to_arrow(conn.execute(query, ([p[0] for p in positions], [p[1] for p in positions])).fetchall())
 
-    def log_head(self, conn: psycopg.Connection, tables: Sequence[str]) -> Position:
+    def log_head(self, conn: psycopg.Connection, tables: Sequence[str], sink: str | None = None) -> Position:
         row = conn.execute(sql.SQL(
             "SELECT commit_lsn, commit_idx FROM {}.change_log WHERE table_schema || '.' || table_name = ANY(%s) "
-            "ORDER BY commit_lsn DESC, commit_idx DESC LIMIT 1").format(self.s), (list(tables),)).fetchone()
+            "{routing}ORDER BY commit_lsn DESC, commit_idx DESC LIMIT 1").format(self.s, routing=self._routing(sink)),
+            (list(tables), *_sink(sink))).fetchone()
         return (int(row[0]), int(row[1])) if row else (0, -1)
 
-    def count_after(self, conn: psycopg.Connection, tables: Sequence[str], after: Position) -> int:
+    def count_after(self, conn: psycopg.Connection, tables: Sequence[str], after: Position,
+                    sink: str | None = None) -> int:
         row = conn.execute(sql.SQL(
             "SELECT count(*) FROM {}.change_log WHERE (commit_lsn, commit_idx) > (%s, %s) "
-            "AND table_schema || '.' || table_name = ANY(%s)").format(self.s),
-            (after[0], after[1], list(tables))).fetchone()
+            "AND table_schema || '.' || table_name = ANY(%s) {routing}").format(self.s, routing=self._routing(sink)),
+            (after[0], after[1], list(tables), *_sink(sink))).fetchone()
         return int(row[0]) if row else 0
+
+    def backlog(self, conn: psycopg.Connection, tables: Sequence[str], after: Position, sink: str, limit: int) -> int:
+        """Like count_after, but stops counting at ``limit`` (cheap enough to ask often)."""
+        row = conn.execute(sql.SQL(
+            "SELECT count(*) FROM (SELECT 1 FROM {}.change_log WHERE (commit_lsn, commit_idx) > (%s, %s) "
+            "AND table_schema || '.' || table_name = ANY(%s) {routing}LIMIT %s) t").format(
+                self.s, routing=self._routing(sink)),
+            (after[0], after[1], list(tables), *_sink(sink), limit)).fetchone()
+        return int(row[0]) if row else 0
+
+    def _routing(self, sink: str | None) -> sql.Composable:
+        """Backfill reads reach only the sinks their backfill targets; changes reach every sink."""
+        if sink is None:
+            return sql.SQL("")
+        return sql.SQL("AND (backfill_id IS NULL OR backfill_id IN "
+                       "(SELECT id FROM {}.backfills WHERE %s = ANY(sinks))) ").format(self.s)
 
     # -- relations --------------------------------------------------------------------------------
     def relation_columns(self, conn: psycopg.Connection) -> dict[str, list[dict[str, object]]]:

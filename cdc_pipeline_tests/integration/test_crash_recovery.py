@@ -25,6 +25,7 @@ from typing import Any
 
 import psycopg
 import pytest
+import yaml
 
 from cdc_pipeline.config import PipelineConfig
 from cdc_pipeline.setup import setup
@@ -74,6 +75,7 @@ class Writer(threading.Thread):
     target: int
     rate: float | None  # changes/s; None: as fast as possible
     seed: int
+    base: int = 0  # a later round of writers gets fresh keys
     txns: dict[int, int] = field(default_factory=dict)
     changes: int = 0
     error: BaseException | None = None
@@ -82,7 +84,7 @@ class Writer(threading.Thread):
         threading.Thread.__init__(self, name=f"writer-{self.wid}", daemon=True)
         self.rng = random.Random(self.seed)
         self.ver = 0
-        self.next_id = self.wid
+        self.next_id = self.base + self.wid
         self.accts: list[int] = []
         self.evts: list[str] = []
         self.next_evt = 0
@@ -123,7 +125,7 @@ class Writer(threading.Thread):
                                (v, self.wid, ids))
             n += cur.rowcount
             accts += ids
-            keys = [f"w{self.wid}-{self.next_evt + i}" for i in range(rng.randint(10, 200))]
+            keys = [f"w{self.base + self.wid}-{self.next_evt + i}" for i in range(rng.randint(10, 200))]
             self.next_evt += len(keys)
             cur = conn.execute("INSERT INTO evt SELECT k, %s, 0, ARRAY[k, 'x'] FROM unnest(%s::text[]) k",
                                (self._v(), keys))
@@ -170,7 +172,7 @@ class Writer(threading.Thread):
                     k = evts.pop(rng.randrange(len(evts)))
                     conn.execute("DELETE FROM evt WHERE k = %s", (k,))
                 else:
-                    k = f"w{self.wid}-{self.next_evt}"
+                    k = f"w{self.base + self.wid}-{self.next_evt}"
                     self.next_evt += 1
                     conn.execute("INSERT INTO evt VALUES (%s, %s, 1, NULL)", (k, self._v()))
                     evts.append(k)
@@ -182,8 +184,9 @@ class Writer(threading.Thread):
         self.changes += n
 
 
-def run_writers(dsn: str, target: int, rate: float | None, seed: int, nwriters: int = 2) -> list[Writer]:
-    writers = [Writer(dsn, w, nwriters, target // nwriters, rate / nwriters if rate else None, seed + w)
+def run_writers(dsn: str, target: int, rate: float | None, seed: int, nwriters: int = 2,
+                base: int = 0) -> list[Writer]:
+    writers = [Writer(dsn, w, nwriters, target // nwriters, rate / nwriters if rate else None, seed + w, base)
                for w in range(nwriters)]
     for w in writers:
         w.start()
@@ -286,7 +289,7 @@ class MirrorWatch(threading.Thread):
         absent: set[tuple[str, str]] = set()
         try:
             with psycopg.connect(self.dsn, autocommit=True) as conn:
-                while not self._halt.wait(0.1):
+                while not self._halt.wait(0.05):
                     now: dict[tuple[str, str], int] = {}
                     try:
                         with conn.transaction():  # one snapshot for both tables
@@ -396,6 +399,31 @@ def _sink_offsets(state_dsn: str, dest_dsn: str) -> tuple[tuple[int, int], tuple
         return state, ((int(got[0]), int(got[1])) if got else None)
 
 
+def _set_batch_size(config: PipelineConfig, batch_size: int) -> None:
+    assert config.path
+    path = Path(config.path)
+    data = yaml.safe_load(path.read_text())
+    data.setdefault("delivery", {})["batch_size"] = batch_size
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def _kill_when_sink_ahead_of_state(proc: subprocess.Popen[str], state_dsn: str, dest_dsn: str,
+                                   timeout: float) -> bool:
+    """SIGKILL `proc` as soon as the sink has committed a batch whose offset the state database has not
+    recorded yet (a window of a few ms). Returns whether the window was seen."""
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(state_dsn, autocommit=True) as s, psycopg.connect(dest_dsn, autocommit=True) as d:
+        while time.monotonic() < deadline:
+            got = d.execute("SELECT commit_lsn, commit_idx FROM cdc_pipeline_sink.offsets WHERE sink = 'mirror'"
+                            ).fetchone()
+            row = s.execute("SELECT commit_lsn, commit_idx FROM cdc_pipeline.sink_offsets WHERE sink = 'mirror'"
+                            ).fetchone()
+            if got and row and tuple(got) > tuple(row):
+                os.killpg(proc.pid, signal.SIGKILL)
+                return True
+    return False
+
+
 def _wait_for_open_sink_transaction(dest_dsn: str, dbname: str, timeout: float) -> bool:
     """Wait until some other session in the destination has a transaction open (the sink mid-batch)."""
     deadline = time.monotonic() + timeout
@@ -418,18 +446,23 @@ def test_deliver_sigkill_mid_batch(source_db, db_factory, write_config):
     dest = db_factory()
     # Small batches: many sink transactions to land a kill in.
     config = _prepare(source_db, dest, write_config, delivery={"batch_size": 1500, "idle_seconds": 0.5})
-    txns = join_writers(run_writers(source_db.dsn, 40_000, rate=None, seed=seed))
+    txns = join_writers(run_writers(source_db.dsn, 20_000, rate=None, seed=seed))
     drain(config)
     _assert_log_complete(config, txns)
 
     watch = MirrorWatch(dest.dsn)
     watch.start()
     # Writes keep coming while delivery is killed; a drain (not killed here) keeps the log growing.
-    writers = run_writers(source_db.dsn, 10_000, rate=1_000, seed=seed + 100)
+    writers = run_writers(source_db.dsn, 6_000, rate=1_000, seed=seed + 100, base=10_000_000)
     drainer = spawn(config, "drain", "--seconds", "120")
-    modes = ["sink transaction open", "random", "sink transaction open", "random"]
+    # Each restart costs a JVM start (~10 s here), so three kills: inside an open sink transaction, between
+    # the sink's commit and the state's offset commit (if the poll catches that window), at random.
+    modes = ["sink transaction open", "sink ahead of state", "random"]
     try:
-        for mode in modes:
+        for mode, batch_size in zip(modes, (1200, 1500, 400), strict=True):
+            # A different batch size per run: a restart then replays a *different* slice of what the
+            # killed run applied, so an ignored sink offset would show as rows going backwards.
+            _set_batch_size(config, batch_size)
             before = _sink_offsets(config.state_dsn, dest.dsn)
             proc = spawn(config, "deliver", "--until-idle")
             # Let it deliver something first (the JVM takes a while to start).
@@ -440,9 +473,13 @@ def test_deliver_sigkill_mid_batch(source_db, db_factory, write_config):
                 time.sleep(0.05)
             if mode == "random":
                 time.sleep(rng.uniform(0.0, 1.0))
+            elif mode == "sink ahead of state":
+                # A window of a few ms: when the poll misses it, this is one more kill at a random point.
+                if not _kill_when_sink_ahead_of_state(proc, config.state_dsn, dest.dsn, 5):
+                    mode += " (window missed)"
             else:
                 assert _wait_for_open_sink_transaction(dest.dsn, dest.name, 20), "no sink transaction seen"
-            assert proc.poll() is None, "deliver finished before it could be killed"
+            assert proc.poll() in (None, -signal.SIGKILL), "deliver finished before it could be killed"
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
             print(f"killed deliver ({mode}); offsets state/sink: {_sink_offsets(config.state_dsn, dest.dsn)}")

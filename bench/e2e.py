@@ -1,0 +1,302 @@
+"""End to end: source commit -> change log -> Spark -> Postgres mirror, with `cdc-pipeline drain` and
+`cdc-pipeline deliver` running concurrently as separate processes.
+
+    .venv/bin/python bench/e2e.py [--backlog 500000] [--rate 2000] [--seconds 60] [--no-durable] [--keep]
+                                  [--drain-batch-ms MS] [--idle-seconds S] [--batch-size N]
+
+1. Sustained throughput: with delivery warm and the drain stopped, a backlog of inserts and updates
+   (1,000-row transactions) is committed; then the drain starts. Reported: changes/s from the drain's
+   start until the mirror holds the last change (and the mirror is compared with the source).
+2. Lag at an offered load (default 2,000 changes/s for 60 s; 100 transactions/s of 10 inserts and
+   10 updates). Lag of a change = commit time of the mirror transaction that first reflects it (a
+   trigger on the mirror logs each row write with its xid; `track_commit_timestamp = on` gives the
+   commit time) minus the source transaction's commit time (from the change log). One cluster, one clock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from bisect import bisect_left
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench._common import (  # noqa: E402 - runnable as a script
+    keep_or_destroy,
+    machine,
+    run_cli,
+    spawn,
+    start_cluster,
+    table,
+    write_config,
+)
+
+DDL = """
+CREATE TABLE orders (id bigint PRIMARY KEY, account integer NOT NULL, amount numeric(12,2) NOT NULL,
+                     status text NOT NULL, ver bigint NOT NULL, updated_at timestamptz NOT NULL DEFAULT now())
+"""
+LAG_DDL = """
+CREATE TABLE IF NOT EXISTS public.bench_lag (id bigint, ver bigint, xid bigint);
+CREATE OR REPLACE FUNCTION public.bench_lag_log() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN INSERT INTO public.bench_lag VALUES (NEW.id, NEW.ver, txid_current() % 4294967296); RETURN NULL; END $$;
+CREATE TRIGGER bench_lag AFTER INSERT OR UPDATE ON mirror.orders FOR EACH ROW EXECUTE FUNCTION public.bench_lag_log();
+"""
+
+
+def sink_position(state: psycopg.Connection) -> tuple[tuple[int, int], int]:
+    row = state.execute("SELECT commit_lsn, commit_idx, delivered FROM cdc_pipeline.sink_offsets "
+                        "WHERE sink = 'mirror'").fetchone()
+    return ((int(row[0]), int(row[1])), int(row[2])) if row else ((0, -1), 0)
+
+
+def log_head(state: psycopg.Connection) -> tuple[tuple[int, int], int]:
+    row = state.execute("SELECT commit_lsn, commit_idx FROM cdc_pipeline.change_log "
+                        "ORDER BY commit_lsn DESC, commit_idx DESC LIMIT 1").fetchone()
+    count = state.execute("SELECT count(*) FROM cdc_pipeline.change_log").fetchone()
+    assert count is not None
+    return ((int(row[0]), int(row[1])) if row else (0, -1)), int(count[0])
+
+
+def wait_until(predicate: Any, timeout: float, what: str, step: float = 0.05) -> float:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        time.sleep(step)
+    return time.monotonic()
+
+
+def table_digest(dsn: str, name: str) -> tuple[int, str]:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(f"SELECT count(*), md5(coalesce(string_agg(t::text, ',' ORDER BY id), '')) "
+                           f"FROM {name} t").fetchone()
+        assert row is not None
+        return int(row[0]), str(row[1])
+
+
+class OfferedLoad(threading.Thread):
+    """`rate` changes/s as 100 transactions/s (half inserts of new ids, half updates of existing ids)."""
+
+    def __init__(self, dsn: str, rate: int, seconds: float, first_id: int, ver: int) -> None:
+        super().__init__(daemon=True)
+        self.dsn, self.rate, self.seconds = dsn, rate, seconds
+        self.next_id, self.ver, self.existing = first_id, ver, first_id - 1
+        self.changes = 0
+        self.behind = 0.0
+        self.error: BaseException | None = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            per_txn = max(2, self.rate // 100)
+            inserts = per_txn // 2
+            interval = per_txn / self.rate
+            import random
+
+            rng = random.Random(7)
+            with psycopg.connect(self.dsn, autocommit=True) as conn:
+                started = time.monotonic()
+                n = 0
+                while time.monotonic() - started < self.seconds:
+                    due = started + n * interval
+                    delay = due - time.monotonic()
+                    if delay > 0:
+                        time.sleep(delay)
+                    else:
+                        self.behind = max(self.behind, -delay)
+                    ids = list(range(self.next_id, self.next_id + inserts))
+                    self.next_id += inserts
+                    upd = rng.sample(range(1, self.existing), per_txn - inserts)
+                    self.ver += 1
+                    with conn.transaction():
+                        conn.execute("INSERT INTO orders (id, account, amount, status, ver) "
+                                     "SELECT i, i %% 1000, 10.5, 'new', %s FROM unnest(%s::bigint[]) i", (self.ver, ids))
+                        conn.execute("UPDATE orders SET ver = %s, amount = amount + 1, status = 'paid', "
+                                     "updated_at = now() WHERE id = ANY(%s)", (self.ver, upd))
+                    self.changes += per_txn
+                    n += 1
+        except BaseException as exc:
+            self.error = exc
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--backlog", type=int, default=500_000)
+    ap.add_argument("--rate", type=int, default=2_000)
+    ap.add_argument("--seconds", type=float, default=60)
+    ap.add_argument("--drain-batch-ms", type=int, default=None, help="drain.batch_ms (default: the config's)")
+    ap.add_argument("--idle-seconds", type=float, default=None, help="delivery.idle_seconds (default: the config's)")
+    ap.add_argument("--batch-size", type=int, default=None, help="delivery.batch_size (default: the config's)")
+    ap.add_argument("--spark-master", default="local[*]")
+    ap.add_argument("--no-durable", action="store_true", help="fsync=off etc. on the bench cluster")
+    ap.add_argument("--keep", action="store_true", help="keep the cluster and logs afterwards")
+    args = ap.parse_args()
+
+    durable = not args.no_durable
+    print(machine())
+    cluster = start_cluster(durable, {"track_commit_timestamp": "on"})
+    work = Path(tempfile.mkdtemp(prefix="cdc_bench_e2e_"))
+    procs: list[Any] = []
+    try:
+        cluster.create_database("src")
+        cluster.create_database("dst")
+        src, dst = cluster.dsn("src"), cluster.dsn("dst")
+        with psycopg.connect(src, autocommit=True) as conn:
+            conn.execute(DDL)
+        drain_cfg: dict[str, Any] = {}
+        if args.drain_batch_ms:
+            drain_cfg["batch_ms"] = args.drain_batch_ms
+        delivery_cfg: dict[str, Any] = {}
+        if args.idle_seconds:
+            delivery_cfg["idle_seconds"] = args.idle_seconds
+        if args.batch_size:
+            delivery_cfg["batch_size"] = args.batch_size
+        data: dict[str, Any] = {
+            "source": {"dsn": src, "slot": "e2e", "publication": "e2e"},
+            "spark": {"master": args.spark_master},
+            **({"drain": drain_cfg} if drain_cfg else {}),
+            **({"delivery": delivery_cfg} if delivery_cfg else {}),
+            "tables": [{"name": "public.orders"}],
+            "sinks": [{"name": "mirror", "tables": ["public.orders"],
+                       "destination": {"type": "postgres", "dsn": dst, "table": "mirror.{table}", "mode": "mirror"}}],
+        }
+        cfg = write_config(work / "cdc.yaml", data)
+        from cdc_pipeline.config import load_config
+
+        config = load_config(cfg)
+        print(f"cluster durable={durable}, track_commit_timestamp=on; drain.batch_ms={config.drain.batch_ms}, "
+              f"delivery.idle_seconds={config.delivery.idle_seconds}, delivery.batch_size={config.delivery.batch_size}, "
+              f"spark {args.spark_master}")
+        run_cli(cfg, "setup")
+
+        # Warm up: delivery's JVM started, mirror table created by the sink.
+        deliver = spawn(cfg, "deliver", "--seconds", "100000", log=work / "deliver.log")
+        drain = spawn(cfg, "drain", "--seconds", "100000", log=work / "drain.log")
+        procs += [deliver, drain]
+        with psycopg.connect(src, autocommit=True) as conn:
+            conn.execute("INSERT INTO orders (id, account, amount, status, ver) "
+                         "SELECT g, g % 1000, 1, 'warm', 0 FROM generate_series(1, 10) g")
+        state = psycopg.connect(config.state_dsn, autocommit=True)
+        wait_until(lambda: sink_position(state)[1] >= 10, 180, "warm-up delivery")
+        os.killpg(drain.pid, signal.SIGTERM)
+        drain.wait(60)
+
+        # 1. Backlog.
+        n = args.backlog
+        half = n // 2
+        t_load = time.monotonic()
+        with psycopg.connect(src, autocommit=True) as conn:
+            for lo in range(11, 11 + half, 1000):
+                conn.execute("INSERT INTO orders (id, account, amount, status, ver) SELECT g, g %% 1000, 1, 'new', 1 "
+                             "FROM generate_series(%s::bigint, %s::bigint) g", (lo, min(lo + 999, 10 + half)))
+            for lo in range(11, 11 + (n - half), 1000):
+                conn.execute("UPDATE orders SET ver = 2, amount = amount + 1, status = 'paid', updated_at = now() "
+                             "WHERE id BETWEEN %s AND %s", (lo, min(lo + 999, 10 + n - half)))
+        print(f"backlog: {n:,} changes committed in {time.monotonic() - t_load:.1f} s")
+        _, base_delivered = sink_position(state)
+        _, base_count = log_head(state)
+        t0 = time.monotonic()
+        drain = spawn(cfg, "drain", "--seconds", "100000", log=work / "drain2.log")
+        procs.append(drain)
+        samples: list[tuple[float, int]] = []
+
+        def drained() -> bool:
+            samples.append((time.monotonic(), sink_position(state)[1] - base_delivered))
+            return log_head(state)[1] - base_count >= n
+
+        t_drained = wait_until(drained, 1800, "the drain to capture the backlog", step=0.25)
+        target, _ = log_head(state)
+
+        def delivered() -> bool:
+            pos, count = sink_position(state)
+            samples.append((time.monotonic(), count - base_delivered))
+            return pos >= target
+
+        t_done = wait_until(delivered, 1800, "the mirror to catch up", step=0.1)
+        e2e = n / (t_done - t0)
+        lo_t = next(t for t, c in samples if c >= 0.1 * n)
+        hi_t = next(t for t, c in samples if c >= 0.9 * n)
+        steady = 0.8 * n / (hi_t - lo_t) if hi_t > lo_t else float("nan")
+        s_count, s_md5 = table_digest(src, "orders")
+        m_count, m_md5 = table_digest(dst, "mirror.orders")
+        equal = (s_count, s_md5) == (m_count, m_md5)
+        print(f"backlog drained to the log in {t_drained - t0:.1f} s ({n / (t_drained - t0):,.0f}/s); "
+              f"mirror caught up after {t_done - t0:.1f} s: {e2e:,.0f} changes/s end to end, "
+              f"{steady:,.0f}/s delivery between 10% and 90%; mirror equals source: {equal}")
+
+        # 2. Lag at the offered load.
+        with psycopg.connect(dst, autocommit=True) as conn:
+            conn.execute(LAG_DDL)
+        head, _ = log_head(state)
+        load = OfferedLoad(src, args.rate, args.seconds, first_id=11 + half, ver=10)
+        load.join()
+        if load.error:
+            raise load.error
+        with psycopg.connect(src, autocommit=True) as conn:
+            end_lsn = conn.execute("SELECT (pg_current_wal_lsn() - '0/0')::bigint").fetchone()[0]  # type: ignore[index]
+
+        def logged() -> bool:
+            row = state.execute("SELECT committed_lsn FROM cdc_pipeline.slot_progress").fetchone()
+            return bool(row and row[0] >= end_lsn)
+
+        wait_until(logged, 600, "the drain to catch up")
+        last, _ = log_head(state)
+        wait_until(lambda: sink_position(state)[0] >= last, 600, "the mirror to catch up")
+        changes = state.execute(
+            "SELECT (pk::jsonb->>0)::bigint, (record->>'ver')::bigint, extract(epoch FROM commit_ts) "
+            "FROM cdc_pipeline.change_log WHERE (commit_lsn, commit_idx) > (%s, %s)", head).fetchall()
+        with psycopg.connect(dst, autocommit=True) as conn:
+            writes = conn.execute("SELECT id, ver, extract(epoch FROM pg_xact_commit_timestamp(xid::text::xid)) "
+                                  "FROM public.bench_lag").fetchall()
+        by_id: dict[int, list[tuple[int, float]]] = defaultdict(list)
+        for i, v, ts in writes:
+            by_id[i].append((v, float(ts)))
+        lags: list[float] = []
+        for i, v, ts in changes:
+            seen = sorted(by_id.get(i, []))
+            k = bisect_left(seen, (v, float("-inf")))
+            if k == len(seen):
+                raise AssertionError(f"change of id {i} ver {v} never reached the mirror")
+            lags.append(min(t for _, t in seen[k:]) - float(ts))
+        lags.sort()
+        q = statistics.quantiles(lags, n=100)
+        p50, p95, p99 = q[49], q[94], q[98]
+        print(f"offered {load.changes / args.seconds:,.0f} changes/s for {args.seconds:.0f} s (generator at most "
+              f"{load.behind:.2f} s behind); {len(lags):,} changes: lag p50 {p50:.3f} s, p95 {p95:.3f} s, "
+              f"p99 {p99:.3f} s, max {lags[-1]:.3f} s")
+        print()
+        print(table([
+            (f"sustained, backlog of {n:,} changes", f"{e2e:,.0f} changes/s", ">= 20,000 changes/s"),
+            ("  drain alone (slot -> log) meanwhile", f"{n / (t_drained - t0):,.0f} changes/s", ""),
+            ("  delivery between 10% and 90%", f"{steady:,.0f} changes/s", ""),
+            (f"lag p50 at {args.rate:,}/s", f"{p50:.2f} s", "<= 1 s"),
+            (f"lag p99 at {args.rate:,}/s", f"{p99:.2f} s", "<= 3 s"),
+            (f"lag max at {args.rate:,}/s", f"{lags[-1]:.2f} s", ""),
+        ], ("measure", "result", "target")))
+        state.close()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(60)
+            except Exception:
+                os.killpg(p.pid, signal.SIGKILL)
+        if args.keep:
+            print(f"logs in {work}")
+        keep_or_destroy(cluster, args.keep)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+"""Backfill watermarks and page snapshots (pure: values in, values out).
+
+Each page is bracketed by two transactional logical messages with prefix ``WATERMARK_PREFIX``: the low
+one before the page's snapshot is taken, the high one after its rows are staged. The high one also
+carries an xid assigned after the snapshot, which bounds the transactions the snapshot may have missed
+(see :meth:`Snapshot.unseen`).
+
+pgoutput reports 32-bit xids; ``pg_current_snapshot()`` gives 64-bit ``xid8`` values (epoch << 32 |
+xid). A page's candidates are a narrow 64-bit range, so they map onto 32-bit values exactly, with the
+range split in two where it crosses a wraparound.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Literal
+
+WATERMARK_PREFIX = "cdc_pipeline.watermark"
+XID32 = 1 << 32
+
+Kind = Literal["low", "high"]
+
+
+@dataclass(frozen=True, slots=True)
+class Watermark:
+    backfill_id: str
+    page: int
+    kind: Kind
+    # high only: an xid8 assigned after the page's snapshot was taken
+    xid: int | None = None
+
+    def encode(self) -> str:
+        body: dict[str, object] = {"id": self.backfill_id, "page": self.page, "kind": self.kind}
+        if self.xid is not None:
+            body["xid"] = str(self.xid)
+        return json.dumps(body, separators=(",", ":"))
+
+
+def decode(content: bytes | str) -> Watermark | None:
+    """The watermark in a logical message's content, or None if it is not one of ours."""
+    try:
+        body = json.loads(content)
+        kind = body["kind"]
+        if kind not in ("low", "high"):
+            return None
+        xid = body.get("xid")
+        return Watermark(str(body["id"]), int(body["page"]), kind, int(xid) if xid is not None else None)
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """``pg_current_snapshot()``: xids below xmin are finished, xids at or above xmax had not finished,
+    xip lists those in between that were still running."""
+
+    xmin: int
+    xmax: int
+    xip: tuple[int, ...]
+
+    @classmethod
+    def parse(cls, text: str) -> Snapshot:
+        xmin, xmax, xip = text.split(":")
+        return cls(int(xmin), int(xmax), tuple(int(x) for x in xip.split(",") if x))
+
+    def __str__(self) -> str:
+        return f"{self.xmin}:{self.xmax}:{','.join(map(str, self.xip))}"
+
+    def sees(self, xid8: int) -> bool:
+        """Whether a transaction that committed is visible to this snapshot."""
+        return xid8 < self.xmax and xid8 not in self.xip
+
+    def unseen(self, upper: int) -> tuple[list[int], list[tuple[int, int]]]:
+        """The transactions this snapshot could not see among those that began before it, as 32-bit
+        xids: (exact xids, half-open ranges [lo, hi)).
+
+        ``upper`` is any xid8 assigned after the snapshot was taken (the high watermark's own), so
+        every transaction that had an xid when the snapshot was taken is below it. A transaction
+        that committed before the low watermark but after the snapshot looked (the commit record is
+        written before the transaction leaves the proc array) is one of these.
+        """
+        exact = sorted({x % XID32 for x in self.xip})
+        if upper <= self.xmax:
+            return exact, []
+        lo, hi = self.xmax % XID32, upper % XID32
+        if upper - self.xmax >= XID32:  # cannot happen for one page; fail safe: every xid
+            return exact, [(0, XID32)]
+        if lo < hi:
+            return exact, [(lo, hi)]
+        ranges = [(lo, XID32)]
+        if hi > 0:
+            ranges.append((0, hi))
+        return exact, ranges
+
+
+def widen(xid32: int, near: int) -> int:
+    """The xid8 whose low 32 bits are ``xid32``, closest to the xid8 ``near`` (within 2^31)."""
+    base = near - (near % XID32) + xid32
+    if base - near > XID32 // 2:
+        base -= XID32
+    elif near - base > XID32 // 2:
+        base += XID32
+    return base

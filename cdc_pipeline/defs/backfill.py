@@ -1,0 +1,229 @@
+"""Per configured table: a backfill asset, its job, an asset check, and (for time-partitioned tables) a
+schedule that re-runs the previous partition.
+
+A table with ``partitions`` gets a partitioned asset: each partition is a window of its
+``sort_column`` (a day, hour, week or month; or an integer range), and materializing a partition
+backfills exactly that window (``start`` inclusive, ``end`` exclusive; NULL sort values are in no
+partition). Without partitions, materializing runs a full backfill ordered by the primary key.
+The run config picks the sinks (default: every sink of the table). The backfill completes only when
+the drain (the drain sensor) has reconciled its pages, so the run waits for it.
+
+A retry (the RetryPolicy's, or a re-execution of a failed run) asks for the same table, sinks and
+window, which is the same backfill while it is active: it resumes from the checkpoint.
+"""
+
+
+import math
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+from dagster import (
+    AssetCheckExecutionContext,
+    AssetCheckResult,
+    AssetChecksDefinition,
+    AssetCheckSeverity,
+    AssetExecutionContext,
+    AssetKey,
+    AssetsDefinition,
+    Backoff,
+    Config,
+    DailyPartitionsDefinition,
+    DefaultScheduleStatus,
+    Failure,
+    HourlyPartitionsDefinition,
+    Jitter,
+    MaterializeResult,
+    MetadataValue,
+    MonthlyPartitionsDefinition,
+    PartitionsDefinition,
+    RetryPolicy,
+    StaticPartitionsDefinition,
+    TimeWindowPartitionsDefinition,
+    WeeklyPartitionsDefinition,
+    asset,
+    asset_check,
+    build_schedule_from_partitioned_job,
+    define_asset_job,
+)
+
+from cdc_pipeline.backfill.engine import Backfiller, BackfillRequest, Progress
+from cdc_pipeline.backfill.state import BackfillInfo, BackfillStore
+from cdc_pipeline.config import ConfigError, PipelineConfig, TableConfig
+from cdc_pipeline.defs.resources import CdcConfigResource
+
+KIND_TAG = "cdc_pipeline/kind"  # dagster.yaml limits runs tagged backfill to 2 at a time
+BACKFILL_TAGS = {KIND_TAG: "backfill"}
+POOL = "cdc_backfill"  # op concurrency pool, for instances that limit pools
+CHECK_NAME = "backfill_completed"
+INTEGER_PARTITIONS = 100  # integer partitions without a step: this many ranges
+# Transient failures (connection lost, server restart) fail the step; the retry resumes the backfill.
+BACKFILL_RETRY = RetryPolicy(max_retries=3, delay=2, backoff=Backoff.EXPONENTIAL, jitter=Jitter.PLUS_MINUS)
+
+_TIME_PARTITIONS: dict[str, type[TimeWindowPartitionsDefinition]] = {
+    "daily": DailyPartitionsDefinition, "hourly": HourlyPartitionsDefinition,
+    "weekly": WeeklyPartitionsDefinition, "monthly": MonthlyPartitionsDefinition,
+}
+
+
+class BackfillRunConfig(Config):
+    sinks: list[str] = []  # empty: every sink that receives the table
+    max_query_ms: int | None = None  # empty: backfill.max_query_ms from cdc.yaml
+    wait_if_busy: bool = True  # another live backfill of the table and a sink: wait instead of failing
+
+
+def backfill_asset_key(table: TableConfig) -> AssetKey:
+    return AssetKey(["cdc", "backfill", table.schema_name, table.table_name])
+
+
+def backfill_job_name(table: TableConfig) -> str:
+    return f"backfill_{table.schema_name}_{table.table_name}"
+
+
+def _utc(text: str) -> datetime:
+    value = datetime.fromisoformat(text)
+    return value.astimezone(UTC).replace(tzinfo=None) if value.tzinfo else value
+
+
+def integer_ranges(table: TableConfig) -> list[tuple[int, int]]:
+    p = table.partitions
+    assert p is not None and p.kind == "integer"
+    if p.end is None:
+        raise ConfigError(f"tables[{table.qualified}].partitions.end: required for kind 'integer' "
+                          "(integer partitions are a fixed list of ranges)")
+    lo, hi = int(p.start), int(p.end)
+    step = p.step or max(1, math.ceil((hi - lo) / INTEGER_PARTITIONS))
+    return [(a, min(a + step, hi)) for a in range(lo, hi, step)]
+
+
+def partitions_for(table: TableConfig) -> PartitionsDefinition | None:
+    """Time windows (UTC) or integer ranges of the table's sort column, from its `partitions` config."""
+    p = table.partitions
+    if p is None:
+        return None
+    if p.kind == "integer":
+        return StaticPartitionsDefinition([f"{a}..{b}" for a, b in integer_ranges(table)])
+    end = _utc(p.end) if p.end else None
+    return _TIME_PARTITIONS[p.kind](start_date=_utc(p.start), end_date=end, timezone="UTC")
+
+
+def window_of(context: AssetExecutionContext, table: TableConfig) -> tuple[str | None, str | None]:
+    """The sort-column window [start, end) of the run's partition, as text PostgreSQL reads in the
+    column's own type (a timestamp with an offset is read as UTC by timestamptz, and the offset is
+    ignored by timestamp, whose partitions are UTC too)."""
+    if not context.has_partition_key:
+        return None, None
+    assert table.partitions is not None
+    if table.partitions.kind == "integer":
+        lo, _, hi = context.partition_key.partition("..")
+        return lo, hi
+    window = context.partition_time_window
+    return (window.start.astimezone(UTC).isoformat(sep=" "), window.end.astimezone(UTC).isoformat(sep=" "))
+
+
+def build_backfill_asset(table: TableConfig) -> AssetsDefinition:
+    key = backfill_asset_key(table)
+    partitions = partitions_for(table)
+    what = (f"windows of {table.sort_column} ({table.partitions.kind} partitions)" if table.partitions
+            else "the whole table, by primary key")
+
+    @asset(
+        key=key,
+        group_name="cdc_backfill",
+        partitions_def=partitions,
+        description=f"Backfills {table.qualified} to its sinks as read messages: {what}. Runs alongside the "
+                    "drain without stale reads; resumes from its checkpoint after a failure.",
+        retry_policy=BACKFILL_RETRY,
+        tags=BACKFILL_TAGS,
+        kinds={"postgres"},
+        pool=POOL,
+    )
+    def _backfill(context: AssetExecutionContext, config: BackfillRunConfig, cdc: CdcConfigResource) -> MaterializeResult:
+        pipeline = cdc.load()
+        start, end = window_of(context, table)
+        run = context.run
+        request = BackfillRequest(
+            table.qualified, tuple(config.sinks), table.sort_column if context.has_partition_key else None,
+            start, end, config.max_query_ms,
+            origin=f"dagster run {run.run_id}" + (f" (retry of {run.root_run_id})" if run.root_run_id else ""))
+
+        def report(progress: Progress) -> None:
+            context.log.info(progress.line())
+
+        runner = Backfiller(pipeline, request, on_progress=report, progress_seconds=5.0,
+                            wait_if_busy=config.wait_if_busy)
+        context.log.info(f"{runner.spec.describe()} -> {', '.join(runner.spec.sinks)}")
+        result = runner.run()
+        for warning in result.warnings:
+            context.log.warning(warning)
+        if result.status != "completed":
+            raise Failure(description=f"backfill {result.backfill_id} ended {result.status}",
+                          metadata=_metadata(result), allow_retries=result.status == "interrupted")
+        return MaterializeResult(metadata=_metadata(result))
+
+    return _backfill
+
+
+def _metadata(result: Progress) -> dict[str, object]:
+    meta: dict[str, object] = dict(result.as_metadata())
+    meta["cursor"] = MetadataValue.text(str(result.cursor))
+    return meta
+
+
+def build_backfill_check(table: TableConfig) -> AssetChecksDefinition:
+    key = backfill_asset_key(table)
+
+    @asset_check(asset=key, name=CHECK_NAME, description=f"The last backfill of {table.qualified} completed")
+    def _check(context: AssetCheckExecutionContext, cdc: CdcConfigResource) -> AssetCheckResult:
+        pipeline = cdc.load()
+        last = last_backfill(pipeline, table)
+        if last is None:
+            return AssetCheckResult(passed=False, severity=AssetCheckSeverity.WARN,
+                                    metadata={"status": "no backfill yet"})
+        return AssetCheckResult(
+            passed=last.status == "completed", severity=AssetCheckSeverity.WARN,
+            metadata={"backfill_id": last.id, "status": last.status, "pages": last.pages,
+                      "rows_read": last.rows_read, "rows_dropped": last.rows_dropped,
+                      "cursor": MetadataValue.text(str(last.cursor)), "sinks": ", ".join(last.sinks),
+                      "error": MetadataValue.text(last.error or "")})
+
+    return _check
+
+
+def last_backfill(pipeline: PipelineConfig, table: TableConfig) -> BackfillInfo | None:
+    store = BackfillStore(pipeline.state.schema_name)
+    with psycopg.connect(pipeline.state_dsn, autocommit=True) as conn:
+        return next((i for i in store.list(conn, limit=200) if i.table == table.qualified), None)
+
+
+def build_backfill_job(table: TableConfig) -> Any:
+    return define_asset_job(backfill_job_name(table), selection=[backfill_asset_key(table)], tags=BACKFILL_TAGS,
+                            description=f"Backfill {table.qualified}")
+
+
+def build_backfill_schedule(job: Any, table: TableConfig) -> Any:
+    """Time-partitioned tables: each day (hour, ...) re-run the partition that just ended."""
+    if table.partitions is None or table.partitions.kind == "integer":
+        return None
+    return build_schedule_from_partitioned_job(
+        job, name=f"{backfill_job_name(table)}_previous_partition", default_status=DefaultScheduleStatus.STOPPED,
+        tags=BACKFILL_TAGS,
+        description=f"Re-runs the backfill of the last complete {table.partitions.kind} partition of "
+                    f"{table.qualified}")
+
+
+def backfill_definitions(pipeline: PipelineConfig) -> tuple[list[object], list[object], list[object], list[object]]:
+    """(assets, asset checks, jobs, schedules) for every configured table."""
+    assets: list[object] = []
+    checks: list[object] = []
+    jobs: list[object] = []
+    schedules: list[object] = []
+    for table in pipeline.tables:
+        assets.append(build_backfill_asset(table))
+        checks.append(build_backfill_check(table))
+        job = build_backfill_job(table)
+        jobs.append(job)
+        schedule = build_backfill_schedule(job, table)
+        if schedule is not None:
+            schedules.append(schedule)
+    return assets, checks, jobs, schedules

@@ -1,0 +1,124 @@
+"""Backfill assets through Dagster's own APIs: a partition backfills exactly its window; a run whose
+backfill fails for real (its connections are killed) keeps the checkpoint, and the retry resumes from it.
+The drain runs in a background thread, as the drain sensor would alongside the run."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import psycopg
+from dagster import DagsterEventType, DagsterInstance, build_schedule_context
+
+from cdc_pipeline.backfill.state import BackfillStore
+from cdc_pipeline.defs.backfill import BACKFILL_TAGS, CHECK_NAME, backfill_asset_key, backfill_job_name
+from cdc_pipeline.setup import setup
+from cdc_pipeline_tests.helpers import deliver, rows
+from cdc_pipeline_tests.integration.test_backfill import backfill_config, drain_running, log_reads
+
+
+def _defs(path: Path):  # type: ignore[no-untyped-def]
+    from cdc_pipeline.defs import build_definitions
+
+    return build_definitions(str(path))
+
+
+def test_materializing_a_partition_backfills_exactly_its_window(source_db, db_factory, write_config, tmp_path,
+                                                                spark):
+    dest = db_factory()
+    source_db.execute(
+        "CREATE TABLE public.events (id int PRIMARY KEY, created_at timestamptz, kind text);"
+        "CREATE INDEX ON public.events (created_at);"
+        # 6 days of rows, every 11th without a timestamp; rows right on the day boundaries included
+        "INSERT INTO public.events SELECT g, CASE WHEN g % 11 = 0 THEN NULL ELSE "
+        "'2025-01-01 00:00:00+00'::timestamptz + (g % 144) * interval '1 hour' END, 'k' FROM generate_series(1, 2000) g")
+    table = {"name": "public.events", "sort_column": "created_at",
+             "partitions": {"kind": "daily", "start": "2025-01-01"}}
+    config = write_config(backfill_config(source_db.dsn, dest.dsn, [table],
+                                          {"initial_page_size": 50, "max_page_size": 100}))
+    setup(config)
+    defs = _defs(tmp_path / "cdc.yaml")
+    job = defs.resolve_job_def("backfill_public_events")
+    assert job.partitions_def is not None and "2025-01-03" in job.partitions_def.get_partition_keys()
+    with DagsterInstance.ephemeral() as instance, drain_running(config):
+        result = job.execute_in_process(instance=instance, partition_key="2025-01-03")
+        assert result.success
+        run = instance.get_run_by_id(result.run_id)
+        assert run is not None and run.tags.get("cdc_pipeline/kind") == "backfill"
+        assert run.tags.get("dagster/partition") == "2025-01-03"
+        [mat] = [e.materialization for e in result.get_asset_materialization_events()]
+        assert mat.partition == "2025-01-03"
+        checks = result.get_asset_check_evaluations()
+        assert [(c.check_name, c.passed) for c in checks] == [(CHECK_NAME, True)]
+    expected = sorted(f"[{r[0]}]" for r in source_db.execute(
+        "SELECT id FROM public.events WHERE created_at >= '2025-01-03 00:00:00+00' "
+        "AND created_at < '2025-01-04 00:00:00+00'"))
+    backfill_id = mat.metadata["backfill_id"].value
+    assert sorted(log_reads(config, backfill_id)) == expected  # the day, both edges right, no NULLs
+    assert mat.metadata["rows_read"].value == len(expected) and mat.metadata["status"].value == "completed"
+    deliver(config, spark)
+    assert sorted(f"[{r['id']}]" for r in rows(dest.dsn, "mirror.events")) == expected
+
+    # The schedule re-runs the partition that just ended.
+    schedule = defs.get_schedule_def("backfill_public_events_previous_partition")
+    with DagsterInstance.ephemeral() as instance:
+        ctx = build_schedule_context(instance=instance,
+                                     scheduled_execution_time=datetime(2025, 1, 6, 0, 5, tzinfo=UTC))
+        [request] = schedule.evaluate_tick(ctx).run_requests
+    assert request.partition_key == "2025-01-05"
+    assert request.tags.get("cdc_pipeline/kind") == "backfill"
+
+
+def test_failed_run_keeps_its_checkpoint_and_the_retry_resumes(source_db, db_factory, write_config, tmp_path):
+    dest = db_factory()
+    source_db.execute("CREATE TABLE public.big (id int PRIMARY KEY, v text)")
+    source_db.execute("INSERT INTO public.big SELECT g, md5(g::text) FROM generate_series(1, 20000) g")
+    data = backfill_config(source_db.dsn, dest.dsn, ["public.big"],
+                           {"initial_page_size": 500, "max_page_size": 500, "max_staged_pages": 2})
+    data["sinks"].append({"name": "other", "tables": ["public.big"],
+                          "destination": {"type": "postgres", "dsn": dest.dsn, "table": "other.big"}})
+    config = write_config(data)
+    setup(config)
+    defs = _defs(tmp_path / "cdc.yaml")
+    job = defs.resolve_job_def(backfill_job_name(config.tables[0]))
+    asset = defs.resolve_assets_def(backfill_asset_key(config.tables[0]))
+    store = BackfillStore("cdc_pipeline")
+    killed: dict[str, int] = {}
+
+    def kill_after_some_pages() -> None:
+        # A real failure: the backfill's own connections are terminated mid-run, once.
+        with psycopg.connect(config.state_dsn, autocommit=True) as conn:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                infos = store.list(conn)
+                if infos and infos[0].pages >= 5:
+                    killed["checkpoint_pages"] = infos[0].pages
+                    conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                 "WHERE application_name = 'cdc_pipeline.backfill'")
+                    return
+                time.sleep(0.01)
+
+    killer = threading.Thread(target=kill_after_some_pages)
+    with DagsterInstance.ephemeral() as instance, drain_running(config):
+        killer.start()
+        result = job.execute_in_process(instance=instance, run_config={
+            "ops": {asset.node_def.name: {"config": {"sinks": ["mirror"]}}}})
+        killer.join()
+        assert result.success
+        kinds = [e.event_type for e in result.all_events]
+        assert DagsterEventType.STEP_UP_FOR_RETRY in kinds and DagsterEventType.STEP_RESTARTED in kinds
+        failure = next(e for e in result.all_events if e.event_type == DagsterEventType.STEP_UP_FOR_RETRY)
+        assert "terminat" in str(failure.event_specific_data).lower() or "connection" in str(
+            failure.event_specific_data).lower()
+    [mat] = [e.materialization for e in result.get_asset_materialization_events()]
+    meta = {k: v.value for k, v in mat.metadata.items()}
+    assert meta["resumed"] is True and meta["status"] == "completed" and meta["sinks"] == "mirror"
+    assert meta["resumed_from_page"] >= killed["checkpoint_pages"]  # not from the start
+    assert meta["rows_read"] == 20000 and meta["rows_read_this_run"] < 20000
+    with psycopg.connect(config.state_dsn, autocommit=True) as conn:
+        (info,) = store.list(conn)
+    assert info.page_attempts <= len(range(0, 20000, 500)) + 1 + 1  # at most the page in flight read twice
+    assert sorted(log_reads(config, info.id)) == sorted(f"[{i}]" for i in range(1, 20001))
+    assert BACKFILL_TAGS["cdc_pipeline/kind"] == "backfill"
