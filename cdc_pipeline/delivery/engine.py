@@ -19,11 +19,12 @@ from typing import IO
 
 import psycopg
 import pyarrow as pa
+from pyspark.errors import AnalysisException, ParseException
 from pyspark.sql import SparkSession
 
 from cdc_pipeline.config import PipelineConfig, SinkConfig
 from cdc_pipeline.delivery.backoff import next_delay_ms
-from cdc_pipeline.delivery.spark_stage import SinkPlan, run_stage
+from cdc_pipeline.delivery.spark_stage import SinkPlan, empty_output, run_stage
 from cdc_pipeline.sinks import build_sink
 from cdc_pipeline.sinks.base import OutboundMessage, Sink
 from cdc_pipeline.state.store import Position, Store
@@ -31,6 +32,10 @@ from cdc_pipeline.state.store import Position, Store
 log = logging.getLogger(__name__)
 
 HELD = "held behind an earlier failed message of its group"
+# (position, group, error) of a message the Spark stage could not process.
+StageFailure = tuple[Position, str | None, str]
+# Errors that fail every row alike (bad expression, unknown column): not worth bisecting.
+CONFIG_ERRORS: tuple[type[BaseException], ...] = (AnalysisException, ParseException)
 
 
 class SinkBusy(RuntimeError):
@@ -143,11 +148,12 @@ class Deliverer:
             return 0, offset
         last: Position = (batch.column("commit_lsn")[-1].as_py(), batch.column("commit_idx")[-1].as_py())
         last_ts = batch.column("commit_ts")[-1].as_py()
-        out = run_stage(self.spark, self.plan, batch, self._schemas(conn))
+        out, stage_failed = self._stage(batch, self._schemas(conn))
         messages = messages_from(out)
         stats.batches += 1
         stats.read += batch.num_rows
-        stats.filtered += batch.num_rows - len(messages)
+        filtered = batch.num_rows - len(messages) - len(stage_failed)
+        stats.filtered += filtered
         if self.dry_run:
             for m in messages:
                 self.dry_run_out.write(m.payload.decode() + "\n")
@@ -155,12 +161,14 @@ class Deliverer:
             return batch.num_rows, last
         name = self.sink_config.name
         blocked = self.store.parked_groups(conn, name) if self.sink_config.message_grouping else set()
+        # A message the stage could not process blocks the later messages of its group too.
+        blocked |= {g for _, g, _ in stage_failed if g is not None}
         send = [m for m in messages if m.group is None or m.group not in blocked]
         held = [m for m in messages if m.group is not None and m.group in blocked]
         results = self._deliver(send)
-        parked = self._park_failures(conn, send, results, held)
+        parked = self._park_failures(conn, send, results, held, stage_failed)
         delivered = sum(1 for r in results if r is None)
-        self.store.advance_offset(conn, name, last, delivered, batch.num_rows - len(messages), parked, last_ts)
+        self.store.advance_offset(conn, name, last, delivered, filtered, parked, last_ts)
         conn.commit()
         stats.delivered += delivered
         stats.parked += parked
@@ -176,11 +184,37 @@ class Deliverer:
                                f"for {len(messages)} messages")
         return results
 
+    def _stage(self, batch: pa.Table, schemas: dict[str, list[dict[str, object]]]
+               ) -> tuple[pa.Table, list[StageFailure]]:
+        """Run the Spark stage; when it fails at run time (a transform raising on some row), bisect the
+        batch to find the rows that make it fail, so only those are parked, not the batch."""
+        try:
+            return run_stage(self.spark, self.plan, batch, schemas), []
+        except CONFIG_ERRORS:
+            raise  # a bad expression fails every row: a config problem, not a poison message
+        except Exception as exc:
+            if batch.num_rows == 1:
+                row = batch.to_pylist()[0]
+                group = (f"{row['table_schema']}|{row['table_name']}|{row['pk']}"
+                         if self.sink_config.message_grouping else None)
+                error = f"transform failed: {type(exc).__name__}: {str(exc).strip().splitlines()[0][:400]}"
+                return empty_output(), [((row["commit_lsn"], row["commit_idx"]), group, error)]
+            mid = batch.num_rows // 2
+            left, lf = self._stage(batch.slice(0, mid), schemas)
+            right, rf = self._stage(batch.slice(mid), schemas)
+            return pa.concat_tables([left.cast(right.schema), right]), lf + rf
+
     def _park_failures(self, conn: psycopg.Connection, sent: Sequence[OutboundMessage],
-                       results: Sequence[str | None], held: Sequence[OutboundMessage]) -> int:
+                       results: Sequence[str | None], held: Sequence[OutboundMessage],
+                       stage_failed: Sequence[StageFailure] = ()) -> int:
         backoff = self.sink_config.backoff
         failed_groups: set[str | None] = set()
         items: list[tuple[Position, str | None, str, int]] = []
+        for pos, group, err in sorted(stage_failed):
+            group = group if group is not None else f"~{pos[0]}:{pos[1]}"
+            first = group not in failed_groups
+            failed_groups.add(group)
+            items.append((pos, group, err if first else HELD, 1 if first else 0))
         for m, err in zip(sent, results, strict=True):
             if err is None:
                 continue
@@ -203,26 +237,34 @@ class Deliverer:
         attempts = {pos: a for pos, _, a in due}
         groups = {pos: g for pos, g, _ in due}
         batch = self.store.load_positions(conn, [pos for pos, _, _ in due])
-        out = run_stage(self.spark, self.plan, batch, self._schemas(conn))
+        out, stage_failed = self._stage(batch, self._schemas(conn))
+        failed_at = {pos: err for pos, _, err in stage_failed}
         messages = messages_from(out)
-        kept = {position_of(m) for m in messages}
+        kept = {position_of(m) for m in messages} | set(failed_at)
         resolved = [pos for pos in attempts if pos not in kept]  # now filtered out: nothing to deliver
         for m in messages:  # the group a message was parked under is the one that orders it
             m.group = groups[position_of(m)]
-        results = self._deliver(messages)
+        # Nothing is sent behind a message of its group that the stage could not process.
+        first_failure: dict[str | None, Position] = {}
+        for pos in sorted(failed_at):
+            first_failure.setdefault(groups[pos], pos)
+        sendable = [m for m in messages
+                    if m.group not in first_failure or position_of(m) < first_failure[m.group]]
+        results = dict(zip(map(position_of, sendable), self._deliver(sendable), strict=True))
+        results.update(failed_at)
         backoff = self.sink_config.backoff
         failed_groups: set[str | None] = set()
         name = self.sink_config.name
-        for m, err in zip(messages, results, strict=True):
-            pos = position_of(m)
-            if m.group in failed_groups:
+        for pos in sorted(results):
+            group, err = groups[pos], results[pos]
+            if group in failed_groups:
                 continue  # stays parked behind its group's head
             if err is None:
                 resolved.append(pos)
                 stats.retried += 1
                 stats.delivered += 1
                 continue
-            failed_groups.add(m.group)
+            failed_groups.add(group)
             tries = attempts[pos] + 1
             limit = self.sink_config.max_retries
             if limit is not None and tries > limit:
@@ -230,7 +272,7 @@ class Deliverer:
                 stats.discarded += 1
             else:
                 delay = next_delay_ms(tries, backoff.initial_ms, backoff.max_ms, backoff.multiplier, backoff.jitter)
-                self.store.park(conn, name, [(pos, m.group, err, tries)], [delay])
+                self.store.park(conn, name, [(pos, group, err, tries)], [delay])
         self.store.resolve(conn, name, resolved)
         conn.commit()
 

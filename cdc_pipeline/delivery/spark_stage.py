@@ -180,7 +180,7 @@ def run_stage(spark: SparkSession, plan: SinkPlan, batch: pa.Table,
             payload = _raw_payload("record_json", "changes_json", F.col("metadata"))
         parts.append(part.select("commit_lsn", "commit_idx", "group_key", "route", payload.alias("payload")))
     if not parts:
-        return pa.table({c: pa.array([], t) for c, t in _OUTPUT_TYPES.items()})
+        return empty_output()
     out = parts[0]
     for p in parts[1:]:
         out = out.unionByName(p)
@@ -191,6 +191,10 @@ _HIDDEN = {"commit_lsn", "commit_idx", "group_key", "route", "record_json", "cha
            "table_schema", "table_name", "commit_ts", "backfill_id"}
 _OUTPUT_TYPES = {"commit_lsn": pa.int64(), "commit_idx": pa.int32(), "group_key": pa.string(),
                  "route": pa.string(), "payload": pa.string()}
+
+
+def empty_output() -> pa.Table:
+    return pa.table({c: pa.array([], t) for c, t in _OUTPUT_TYPES.items()})
 
 
 def _takes_truncate(sink: SinkConfig) -> bool:
