@@ -11,8 +11,6 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -37,6 +35,7 @@ from cdc_pipeline.sinks.base import (
 from cdc_pipeline.sinks.nats import NatsSink
 from cdc_pipeline.sinks.rabbitmq import RabbitMQSink
 from cdc_pipeline.sinks.redis_stream import RedisStreamSink
+from cdc_pipeline_tests.netfaults import TcpProxy
 
 REDIS_PORT = int(os.environ.get("CDC_TEST_REDIS_PORT", "6379"))
 NATS_PORT = int(os.environ.get("CDC_TEST_NATS_PORT", "4222"))
@@ -70,70 +69,6 @@ def messages(n: int, groups: int = 5, route: str | None = None, start: int = 0) 
                                    route=route, payload=json.dumps(payload, separators=(",", ":"),
                                                                    ensure_ascii=False).encode()))
     return out
-
-
-class TcpProxy:
-    """Forwards 127.0.0.1:<port> to a real server. stop() cuts every connection and refuses new ones,
-    as a broker going down would; start() brings it back on the same port."""
-
-    def __init__(self, target_port: int) -> None:
-        self.target = ("127.0.0.1", target_port)
-        self.port = 0
-        self._stop = threading.Event()
-        self._listener: socket.socket | None = None
-        self._sockets: list[socket.socket] = []
-        self._lock = threading.Lock()
-
-    def start(self) -> TcpProxy:
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("127.0.0.1", self.port))
-        listener.listen(16)
-        listener.settimeout(0.1)  # so the accept loop notices stop()
-        self.port = listener.getsockname()[1]
-        self._listener = listener
-        self._stop = threading.Event()
-        threading.Thread(target=self._accept, args=(listener, self._stop), daemon=True).start()
-        return self
-
-    def _accept(self, listener: socket.socket, stop: threading.Event) -> None:
-        while not stop.is_set():
-            try:
-                client, _ = listener.accept()
-            except (TimeoutError, OSError):
-                continue
-            client.settimeout(None)
-            try:
-                upstream = socket.create_connection(self.target)
-            except OSError:
-                client.close()
-                continue
-            with self._lock:
-                self._sockets += [client, upstream]
-            for src, dst in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
-        listener.close()
-
-    @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-        for s in (src, dst):
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-
-    def stop(self) -> None:
-        self._stop.set()
-        with self._lock:
-            for s in self._sockets:
-                with contextlib.suppress(OSError):
-                    s.shutdown(socket.SHUT_RDWR)
-                s.close()
-            self._sockets = []
-        time.sleep(0.3)  # let the accept loop close the listener
 
 
 @pytest.fixture
