@@ -8,7 +8,7 @@ from cdc_pipeline.config import PipelineConfig, load_config
 from cdc_pipeline.defs.backfill import backfill_definitions
 from cdc_pipeline.defs.capture import build_drain_sensor, change_log_asset
 from cdc_pipeline.defs.delivery import build_delivery_asset, build_delivery_job, build_delivery_sensor
-from cdc_pipeline.defs.resources import CdcConfigResource, pyspark_resource
+from cdc_pipeline.defs.resources import CdcConfigResource, SinkResource, pyspark_resource, sink_resource_key
 
 
 def build_definitions(path: str) -> Definitions:
@@ -21,5 +21,9 @@ def build_definitions(path: str) -> Definitions:
         jobs=[*jobs, *backfill_jobs],
         schedules=backfill_schedules,
         sensors=[build_drain_sensor(jobs), build_delivery_sensor(jobs)],
-        resources={"cdc": CdcConfigResource(config_path=path), "pyspark": pyspark_resource(pipeline)},
+        resources={
+            "cdc": CdcConfigResource(config_path=path),
+            "pyspark": pyspark_resource(pipeline),
+            **{sink_resource_key(s.name): SinkResource(config_path=path, sink_name=s.name) for s in pipeline.sinks},
+        },
     )

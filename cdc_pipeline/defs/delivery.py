@@ -31,7 +31,7 @@ from dagster import (
 from dagster_pyspark import PySparkResource
 
 from cdc_pipeline.config import PipelineConfig, SinkConfig
-from cdc_pipeline.defs.resources import CdcConfigResource
+from cdc_pipeline.defs.resources import CdcConfigResource, sink_resource_key
 from cdc_pipeline.delivery.engine import Deliverer
 from cdc_pipeline.sinks.base import SinkUnavailable
 from cdc_pipeline.state.store import Store
@@ -65,13 +65,17 @@ def build_delivery_asset(sink: SinkConfig) -> AssetsDefinition:
         check_specs=[AssetCheckSpec(check_name, asset=delivery_asset_key(sink.name),
                                     description="No message parked longer than the allowed age")],
         tags={"cdc_pipeline/kind": "delivery"},
+        # The sink's own resource key differs per asset, so resources come by key, not as typed arguments.
+        required_resource_keys={"cdc", "pyspark", sink_resource_key(sink.name)},
         kinds={"spark", sink.destination.type},
     )
-    def _deliver(context: AssetExecutionContext, config: DeliveryRunConfig, cdc: CdcConfigResource,
-                 pyspark: PySparkResource) -> MaterializeResult:
-        pipeline = cdc.load()
+    def _deliver(context: AssetExecutionContext, config: DeliveryRunConfig) -> MaterializeResult:
+        pipeline = context.resources.cdc.load()
+        pyspark: PySparkResource = context.resources.pyspark
         sink_config = pipeline.sink(sink.name)
-        deliverer = Deliverer(pipeline, sink_config, pyspark.spark_session, dry_run=config.dry_run)
+        destination = None if config.dry_run else getattr(context.resources, sink_resource_key(sink.name)).build()
+        deliverer = Deliverer(pipeline, sink_config, pyspark.spark_session, sink=destination,
+                              dry_run=config.dry_run)
         try:
             stats = deliverer.run(until_idle=True, seconds=config.max_seconds)
         except SinkUnavailable as exc:
