@@ -27,6 +27,7 @@ from cdc_pipeline.capture.reconcile import watermark_hooks
 from cdc_pipeline.config import PipelineConfig
 from cdc_pipeline.postgres import catalog, pgoutput
 from cdc_pipeline.postgres.replication import Keepalive, ReplicationStream, XLogData
+from cdc_pipeline.state.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +96,10 @@ class Drain:
                 self._loop(stream, state, source, stats, started, seconds, until_idle)
             finally:
                 stream.close()
+            if cfg.state.retention_hours:
+                stats.extra["retention_deleted"] = Store(cfg.state.schema_name).apply_retention(
+                    state, cfg.state.retention_hours, [s.name for s in cfg.sinks])
+                state.commit()
         finally:
             stats.seconds = time.monotonic() - started
             state.close()

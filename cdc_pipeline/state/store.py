@@ -203,6 +203,20 @@ class Store:
             (sink, sink, *_pos_params(position)))
         return cur.rowcount
 
+    def apply_retention(self, conn: psycopg.Connection, hours: float, sinks: Sequence[str]) -> int:
+        """Delete log rows older than `hours` that every sink has passed and nothing parked needs."""
+        floor: Position = (2**63 - 1, 2**31 - 1)  # no sinks: age alone decides
+        if sinks:
+            rows = {r[0]: (int(r[1]), int(r[2])) for r in conn.execute(sql.SQL(
+                "SELECT sink, commit_lsn, commit_idx FROM {}.sink_offsets WHERE sink = ANY(%s)").format(self.s),
+                (list(sinks),)).fetchall()}
+            floor = min(rows.get(name, (0, -1)) for name in sinks)  # a sink not started yet keeps all
+        cur = conn.execute(sql.SQL(
+            "DELETE FROM {s}.change_log l WHERE l.commit_ts < now() - make_interval(secs => %s) "
+            "AND (l.commit_lsn, l.commit_idx) <= (%s, %s) AND NOT EXISTS (SELECT 1 FROM {s}.failed_messages f "
+            "WHERE f.commit_lsn = l.commit_lsn AND f.commit_idx = l.commit_idx AND f.status = 'parked')"
+        ).format(s=self.s), (hours * 3600, floor[0], floor[1]))
+        return cur.rowcount
 
 def _pos_params(position: Position | None) -> tuple[int | None, int | None, int | None]:
     return (None, None, None) if position is None else (position[0], position[0], position[1])

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cdc_pipeline.setup import setup
-from cdc_pipeline_tests.helpers import assert_mirrored, mirror_config, sync
+from cdc_pipeline_tests.helpers import assert_mirrored, deliver, drain, mirror_config, sync
 
 TYPES_DDL = """
 CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy');
@@ -100,3 +100,48 @@ def test_alter_table_mid_stream(source_db, db_factory, write_config, spark):
     # Row 1 was mirrored before the column existed: the source backfills the default, the mirror
     # learns of it only through the later update, which carries the whole row.
     assert assert_mirrored(source_db.dsn, "public.s", dest.dsn, "mirror.s") == 3
+
+
+def test_idle_database_slot_advances_by_heartbeat(source_db, db_factory, write_config):
+    from cdc_pipeline.capture.drain import Drain
+
+    dest = db_factory()
+    source_db.execute("CREATE TABLE quiet (id int PRIMARY KEY)")
+    config = write_config(mirror_config(source_db.dsn, dest.dsn, ["public.quiet"]))
+    setup(config)
+    # Unrelated WAL (not in the publication) keeps being written; the slot must still move.
+    source_db.execute("CREATE TABLE noise (v text); INSERT INTO noise SELECT repeat('x', 1000) FROM generate_series(1, 2000)")
+
+    def confirmed() -> int:
+        return source_db.execute("SELECT confirmed_flush_lsn - '0/0' FROM pg_replication_slots "
+                                 "WHERE slot_name = 'cdc_test'")[0][0]
+
+    before = confirmed()
+    stats = Drain(config).run(seconds=3)
+    assert stats.changes == 0 and stats.heartbeats >= 2
+    assert confirmed() > before
+    last = source_db.execute("SELECT last_heartbeat_at FROM cdc_pipeline.slot_progress")[0][0]
+    assert last is not None
+
+
+def test_retention_deletes_only_what_every_sink_has_passed(source_db, db_factory, write_config, spark):
+    from cdc_pipeline.state.store import Store
+
+    dest = db_factory()
+    source_db.execute("CREATE TABLE r (id int PRIMARY KEY)")
+    config = write_config(mirror_config(source_db.dsn, dest.dsn, ["public.r"]))
+    setup(config)
+    source_db.execute("INSERT INTO r SELECT generate_series(1, 10)")
+    drain(config)
+    store = Store("cdc_pipeline")
+    with source_db.connect() as conn:
+        # Nothing delivered yet: the sink still needs everything.
+        assert store.apply_retention(conn, 1e-6, ["mirror"]) == 0
+    deliver(config, spark)
+    source_db.execute("INSERT INTO r SELECT generate_series(11, 15)")
+    drain(config)
+    with source_db.connect() as conn:
+        assert store.apply_retention(conn, 1e-6, ["mirror"]) == 10  # the delivered ones only
+        assert conn.execute("SELECT count(*) FROM cdc_pipeline.change_log").fetchone() == (5,)
+    sync(config, spark)
+    assert assert_mirrored(source_db.dsn, "public.r", dest.dsn, "mirror.r") == 15
