@@ -22,7 +22,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import threading
@@ -46,27 +45,22 @@ from cdc_pipeline.sinks.base import (
     hold_back,
     safe_endpoint,
 )
+from cdc_pipeline.sinks.inflight import PENDING, InFlight
 
 log = logging.getLogger(__name__)
 
 MAX_IN_FLIGHT = 20_000  # unacknowledged publishes at once: bounds memory on both ends
 CONNECT_TIMEOUT_S = 5.0
-_PENDING = "\x00pending"  # placeholder result; never returned (compared by identity)
 _NO_RESPONDERS = "503"
 _ERR_STREAM_NAME_IN_USE = 10058
 
 
 @dataclass(eq=False)
-class _Batch:
+class _Batch(InFlight):
     """Acknowledgement bookkeeping of the batch in flight."""
 
-    prefix: str  # reply subjects are prefix + message index
-    subjects: list[str]
-    results: list[str | None]
-    outstanding: int = 0
-    wake_at: int = 0  # wake the publisher when outstanding drops to this
-    progress: asyncio.Event = field(default_factory=asyncio.Event)
-    lost: str | None = None  # why the connection went away mid-batch
+    prefix: str = ""  # reply subjects are prefix + message index
+    subjects: list[str] = field(default_factory=list)
 
 
 class NatsSink(Sink):
@@ -113,10 +107,8 @@ class NatsSink(Sink):
             log.info("nats sink %s: %s: %s: %s", self.name, where, type(exc).__name__, exc)
 
         async def on_disconnect() -> None:
-            batch = self._batch
-            if batch is not None and batch.lost is None:
-                batch.lost = f"connection to {where} lost"
-                batch.progress.set()
+            if self._batch is not None:
+                self._batch.lose(f"connection to {where} lost")
 
         try:
             # No nats-py reconnects (see the module doc). Its initial connect still walks the server pool
@@ -177,9 +169,8 @@ class NatsSink(Sink):
         nc = self._nc
         assert nc is not None
         self._generation += 1
-        state = _Batch(prefix=f"{self._inbox}.{self._generation}.",
-                       subjects=[m.route or self.subject for m in batch],
-                       results=[_PENDING] * len(batch))
+        state = _Batch(results=[PENDING] * len(batch), prefix=f"{self._inbox}.{self._generation}.",
+                       subjects=[m.route or self.subject for m in batch])
         self._batch = state
         results = state.results
         failed: set[str] = set()
@@ -188,7 +179,7 @@ class NatsSink(Sink):
                 if m.group is not None and m.group in failed:
                     results[i] = HELD_NOT_SENT
                     continue
-                if state.outstanding >= MAX_IN_FLIGHT and not await self._wait(state, MAX_IN_FLIGHT // 2):
+                if state.outstanding >= MAX_IN_FLIGHT and not await state.wait(MAX_IN_FLIGHT // 2, self.ack_timeout_s):
                     break
                 if state.lost is not None:
                     break
@@ -206,28 +197,11 @@ class NatsSink(Sink):
                     continue
                 state.outstanding += 1
             if state.lost is None:
-                await self._wait(state, 0)
+                await state.wait(0, self.ack_timeout_s)
         finally:
             self._batch = None
-        if state.lost is not None:
-            unacked = f"not delivered: {state.lost}"
-        else:
-            unacked = f"no PubAck within {int(self.ack_timeout_s * 1000)} ms (it may still have been stored)"
-        return [unacked if r is _PENDING else r for r in results], state.lost
-
-    async def _wait(self, state: _Batch, target: int) -> bool:
-        """Wait until at most `target` publishes are unacknowledged; False if acks stopped coming for
-        ack_timeout or the connection was lost."""
-        while state.outstanding > target and state.lost is None:
-            before = state.outstanding
-            state.wake_at = target
-            state.progress.clear()
-            try:
-                await asyncio.wait_for(state.progress.wait(), self.ack_timeout_s)
-            except TimeoutError:
-                if state.outstanding >= before:
-                    return False
-        return state.lost is None
+        unacked = f"no PubAck within {int(self.ack_timeout_s * 1000)} ms (it may still have been stored)"
+        return state.final(unacked), state.lost
 
     async def _on_ack(self, msg: Msg) -> None:
         state = self._batch
@@ -237,12 +211,9 @@ class NatsSink(Sink):
             i = int(msg.subject[len(state.prefix):])
         except ValueError:
             return
-        if state.results[i] is not _PENDING:
+        if state.results[i] is not PENDING:
             return
-        state.results[i] = self._ack_error(msg, state.subjects[i])
-        state.outstanding -= 1
-        if state.outstanding <= state.wake_at:
-            state.progress.set()
+        state.settle(i, self._ack_error(msg, state.subjects[i]))
 
     @staticmethod
     def _ack_error(msg: Msg, subject: str) -> str | None:

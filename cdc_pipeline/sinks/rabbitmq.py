@@ -44,6 +44,7 @@ from cdc_pipeline.sinks.base import (
     hold_back,
     safe_endpoint,
 )
+from cdc_pipeline.sinks.inflight import PENDING, InFlight
 
 log = logging.getLogger(__name__)
 
@@ -52,23 +53,17 @@ CONNECT_TIMEOUT_S = 10.0
 CONFIRM_TIMEOUT_S = 30.0  # no confirm for this long: the rest of the batch fails
 BLOCKED_TIMEOUT_S = 60.0  # broker memory/disk alarm blocking us this long: drop the connection
 YIELD_EVERY = 256  # publishes between yields to the loop, so confirms are read while we publish
-_PENDING = "\x00pending"  # placeholder result; never returned (compared by identity)
 
 
 @dataclass(eq=False)
-class _Batch:
+class _Batch(InFlight):
     """Confirm bookkeeping of the batch in flight."""
 
-    batch: Sequence[OutboundMessage]
-    results: list[str | None]
-    low: int  # lowest delivery tag a `multiple` confirm may still settle
+    batch: Sequence[OutboundMessage] = ()
+    low: int = 0  # lowest delivery tag a `multiple` confirm may still settle
     tags: dict[int, int] = field(default_factory=dict)  # delivery tag -> message index
     returned: dict[int, str] = field(default_factory=dict)  # message index -> why it came back
     by_key: dict[str, deque[int]] | None = None  # built on the first Basic.Return
-    outstanding: int = 0
-    wake_at: int = 0
-    progress: asyncio.Event = field(default_factory=asyncio.Event)
-    lost: str | None = None
 
 
 class RabbitMQSink(Sink):
@@ -194,10 +189,8 @@ class RabbitMQSink(Sink):
     def _lose(self, why: str, reason: BaseException) -> None:
         if self._rpc is not None and not self._rpc.done():
             self._rpc.set_exception(reason)
-        batch = self._batch
-        if batch is not None and batch.lost is None:
-            batch.lost = why
-            batch.progress.set()
+        if self._batch is not None:
+            self._batch.lose(why)
 
     # -- delivery ---------------------------------------------------------------------------------
     def deliver(self, batch: Sequence[OutboundMessage]) -> list[str | None]:
@@ -216,7 +209,7 @@ class RabbitMQSink(Sink):
     async def _publish(self, batch: Sequence[OutboundMessage]) -> tuple[list[str | None], str | None]:
         channel = self._channel
         assert channel is not None
-        state = _Batch(batch=batch, results=[_PENDING] * len(batch), low=self._next_tag + 1)
+        state = _Batch(results=[PENDING] * len(batch), batch=batch, low=self._next_tag + 1)
         self._batch = state
         results = state.results
         failed: set[str] = set()
@@ -225,7 +218,7 @@ class RabbitMQSink(Sink):
                 if m.group is not None and m.group in failed:
                     results[i] = HELD_NOT_SENT
                     continue
-                if state.outstanding >= MAX_IN_FLIGHT and not await self._wait(state, MAX_IN_FLIGHT // 2):
+                if state.outstanding >= MAX_IN_FLIGHT and not await state.wait(MAX_IN_FLIGHT // 2, CONFIRM_TIMEOUT_S):
                     break
                 if state.lost is not None:
                     break
@@ -250,28 +243,10 @@ class RabbitMQSink(Sink):
                 if i % YIELD_EVERY == 0:
                     await asyncio.sleep(0)
             if state.lost is None:
-                await self._wait(state, 0)
+                await state.wait(0, CONFIRM_TIMEOUT_S)
         finally:
             self._batch = None
-        if state.lost is not None:
-            unconfirmed = f"not delivered: {state.lost}"
-        else:
-            unconfirmed = f"no publisher confirm within {CONFIRM_TIMEOUT_S:.0f} s"
-        return [unconfirmed if r is _PENDING else r for r in results], state.lost
-
-    async def _wait(self, state: _Batch, target: int) -> bool:
-        """Wait until at most `target` publishes are unconfirmed; False if confirms stopped coming for
-        CONFIRM_TIMEOUT_S or the channel went away."""
-        while state.outstanding > target and state.lost is None:
-            before = state.outstanding
-            state.wake_at = target
-            state.progress.clear()
-            try:
-                await asyncio.wait_for(state.progress.wait(), CONFIRM_TIMEOUT_S)
-            except TimeoutError:
-                if state.outstanding >= before:
-                    return False
-        return state.lost is None
+        return state.final(f"no publisher confirm within {CONFIRM_TIMEOUT_S:.0f} s"), state.lost
 
     def _on_confirm(self, frame: pika.frame.Method) -> None:
         state = self._batch
@@ -290,14 +265,11 @@ class RabbitMQSink(Sink):
             if i is None:
                 continue
             if i in state.returned:
-                state.results[i] = state.returned.pop(i)
+                state.settle(i, state.returned.pop(i))
             elif acked:
-                state.results[i] = None
+                state.settle(i, None)
             else:
-                state.results[i] = "nacked by the broker (not stored: e.g. a full queue with reject-publish)"
-            state.outstanding -= 1
-        if state.outstanding <= state.wake_at:
-            state.progress.set()
+                state.settle(i, "nacked by the broker (not stored: e.g. a full queue with reject-publish)")
 
     def _on_return(self, _channel: Any, method: pika.spec.Basic.Return, properties: pika.spec.BasicProperties,
                    _body: bytes) -> None:
@@ -312,7 +284,7 @@ class RabbitMQSink(Sink):
         candidates = state.by_key.get(properties.message_id or "")
         while candidates:
             i = candidates.popleft()
-            if state.results[i] is _PENDING and i not in state.returned:
+            if state.results[i] is PENDING and i not in state.returned:
                 state.returned[i] = (f"unroutable: no queue bound to exchange {self.exchange!r} for routing key "
                                      f"{method.routing_key!r} ({method.reply_code} {method.reply_text})")
                 return

@@ -1,0 +1,52 @@
+"""Bookkeeping for sinks that pipeline their publishes and settle them as the broker acknowledges.
+
+The publisher sends up to a window of messages ahead, then waits for acknowledgements to bring the
+count down; a lost connection wakes it at once. Shared by the NATS (PubAck) and RabbitMQ (publisher
+confirm) sinks, which differ only in how an acknowledgement maps back to a message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+PENDING = "\x00pending"  # placeholder result; never returned (compared by identity)
+
+
+@dataclass(eq=False)
+class InFlight:
+    results: list[str | None]
+    outstanding: int = 0
+    wake_at: int = 0  # wake the publisher when outstanding drops to this
+    progress: asyncio.Event = field(default_factory=asyncio.Event)
+    lost: str | None = None  # why the connection went away mid-batch
+
+    def settle(self, index: int, result: str | None) -> None:
+        self.results[index] = result
+        self.outstanding -= 1
+        if self.outstanding <= self.wake_at:
+            self.progress.set()
+
+    def lose(self, why: str) -> None:
+        if self.lost is None:
+            self.lost = why
+            self.progress.set()
+
+    async def wait(self, target: int, timeout_s: float) -> bool:
+        """Wait until at most `target` publishes are unsettled; False if settlements stopped coming for
+        `timeout_s` or the connection was lost."""
+        while self.outstanding > target and self.lost is None:
+            before = self.outstanding
+            self.wake_at = target
+            self.progress.clear()
+            try:
+                await asyncio.wait_for(self.progress.wait(), timeout_s)
+            except TimeoutError:
+                if self.outstanding >= before:
+                    return False
+        return self.lost is None
+
+    def final(self, unsettled: str) -> list[str | None]:
+        """Results, with messages never settled reported as `unsettled` (or the loss)."""
+        why = f"not delivered: {self.lost}" if self.lost is not None else unsettled
+        return [why if r is PENDING else r for r in self.results]
