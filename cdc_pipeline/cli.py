@@ -59,7 +59,9 @@ def cmd_deliver(args: argparse.Namespace) -> int:
         for sink in sinks:
             deliverer = Deliverer(config, sink, spark, dry_run=args.dry_run, dry_run_out=out)
             _stop_on_signals(deliverer.stop)
-            stats = deliverer.run(until_idle=args.until_idle, seconds=args.seconds)
+            # A dry run shows what is waiting now; it does not wait for more unless given --seconds.
+            until_idle = args.until_idle or (args.dry_run and args.seconds is None)
+            stats = deliverer.run(until_idle=until_idle, seconds=args.seconds)
             print(f"sink {sink.name}: " + json.dumps(stats.as_metadata()), file=sys.stderr if args.dry_run else sys.stdout)
     finally:
         if out is not sys.stdout:

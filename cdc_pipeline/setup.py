@@ -23,8 +23,10 @@ class Finding:
         return f"{self.level.upper():7} {self.subject}: {self.message}"
 
 
-def check(config: PipelineConfig) -> list[Finding]:
+def check(config: PipelineConfig, sinks: bool = True) -> list[Finding]:
+    """Source readiness, then (with `sinks`) each sink's filter/transform/route analyzed by Spark."""
     out: list[Finding] = []
+    described: dict[str, catalog.TableInfo] = {}
     try:
         conn = psycopg.connect(config.source.dsn, autocommit=True, connect_timeout=10)
     except psycopg.OperationalError as exc:
@@ -42,6 +44,7 @@ def check(config: PipelineConfig) -> list[Finding]:
             if info is None:
                 out.append(Finding("error", t.qualified, "table does not exist"))
                 continue
+            described[t.qualified] = info
             if not info.primary_key:
                 out.append(Finding("error", t.qualified, "table has no primary key: "
                                    f"ALTER TABLE {t.qualified} ADD PRIMARY KEY (...)"))
@@ -72,6 +75,10 @@ def check(config: PipelineConfig) -> list[Finding]:
                                "not pgoutput: drop it and run `cdc-pipeline setup`"))
     if not any(f.level == "error" for f in out):
         out.append(Finding("ok", "source", "ready for change data capture"))
+    if sinks:
+        from cdc_pipeline.delivery.validate import validate_sinks  # imports pyspark: only when asked
+
+        out += validate_sinks(config, described)
     return out
 
 
@@ -81,7 +88,9 @@ class SetupError(RuntimeError):
 
 def setup(config: PipelineConfig) -> list[str]:
     """Create what is missing; running it twice changes nothing. Returns what it did."""
-    blocking = [f for f in check(config) if f.level == "error" and f.subject not in ("publication", "slot")]
+    # Sink expressions are not setup's business (and would start Spark): source findings only.
+    blocking = [f for f in check(config, sinks=False)
+                if f.level == "error" and f.subject not in ("publication", "slot")]
     if blocking:
         raise SetupError("\n".join(str(f) for f in blocking))
     done: list[str] = []

@@ -6,7 +6,7 @@ from dagster import ConfigurableResource
 from dagster_pyspark import PySparkResource
 
 from cdc_pipeline.config import PipelineConfig, load_config
-from cdc_pipeline.delivery.spark_stage import spark_conf
+from cdc_pipeline.delivery.spark_stage import prepare_environment, spark_conf
 from cdc_pipeline.sinks import build_sink
 from cdc_pipeline.sinks.base import Sink
 
@@ -35,4 +35,5 @@ def sink_resource_key(sink_name: str) -> str:
 
 
 def pyspark_resource(config: PipelineConfig) -> PySparkResource:
+    prepare_environment()
     return PySparkResource(spark_config=spark_conf(config.spark))

@@ -8,7 +8,6 @@ the other groups, and a group never delivers a message before an earlier one of 
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 import threading
@@ -36,6 +35,8 @@ HELD = "held behind an earlier failed message of its group"
 StageFailure = tuple[Position, str | None, str]
 # Errors that fail every row alike (bad expression, unknown column): not worth bisecting.
 CONFIG_ERRORS: tuple[type[BaseException], ...] = (AnalysisException, ParseException)
+# Spark jobs one batch may spend isolating failing rows: ~2*log2(batch) per poison row.
+MAX_STAGE_SPLITS = 128
 
 
 class SinkBusy(RuntimeError):
@@ -188,20 +189,30 @@ class Deliverer:
                ) -> tuple[pa.Table, list[StageFailure]]:
         """Run the Spark stage; when it fails at run time (a transform raising on some row), bisect the
         batch to find the rows that make it fail, so only those are parked, not the batch."""
+        budget = [MAX_STAGE_SPLITS]
+        return self._stage_bisect(batch, schemas, budget)
+
+    def _stage_bisect(self, batch: pa.Table, schemas: dict[str, list[dict[str, object]]], budget: list[int]
+                      ) -> tuple[pa.Table, list[StageFailure]]:
         try:
             return run_stage(self.spark, self.plan, batch, schemas), []
         except CONFIG_ERRORS:
             raise  # a bad expression fails every row: a config problem, not a poison message
         except Exception as exc:
+            budget[0] -= 1
+            if budget[0] < 0:
+                # So many rows fail that it is the environment or the code, not a few poison messages:
+                # fail the run (the offset stays) rather than park everything.
+                raise
             if batch.num_rows == 1:
                 row = batch.to_pylist()[0]
                 group = (f"{row['table_schema']}|{row['table_name']}|{row['pk']}"
                          if self.sink_config.message_grouping else None)
-                error = f"transform failed: {type(exc).__name__}: {str(exc).strip().splitlines()[0][:400]}"
+                error = f"transform failed: {type(exc).__name__}: {_cause(exc)}"
                 return empty_output(), [((row["commit_lsn"], row["commit_idx"]), group, error)]
             mid = batch.num_rows // 2
-            left, lf = self._stage(batch.slice(0, mid), schemas)
-            right, rf = self._stage(batch.slice(mid), schemas)
+            left, lf = self._stage_bisect(batch.slice(0, mid), schemas, budget)
+            right, rf = self._stage_bisect(batch.slice(mid), schemas, budget)
             return pa.concat_tables([left.cast(right.schema), right]), lf + rf
 
     def _park_failures(self, conn: psycopg.Connection, sent: Sequence[OutboundMessage],
@@ -277,5 +288,12 @@ class Deliverer:
         conn.commit()
 
 
-def describe(stats: DeliveryStats) -> str:
-    return json.dumps(stats.as_metadata())
+def _cause(exc: BaseException) -> str:
+    """The informative line of a Spark error: for a Python worker failure the traceback's last line."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    tb = [line for line in lines if not line.startswith(("File ", "^", "~"))]
+    line = tb[-1] if "Traceback" in str(exc) and tb else lines[0]
+    return line[:400]
+

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -22,6 +23,8 @@ from pyspark.sql import types as T
 from cdc_pipeline.config import PipelineConfig, SinkConfig, SparkConfig
 
 OUTPUT_COLUMNS = ("commit_lsn", "commit_idx", "group_key", "route", "payload")
+# A null field stays in the message as null (Spark's to_json drops null fields by default).
+_JSON_OPTIONS = {"ignoreNullFields": "false"}
 CHANGE_ACTIONS = ("insert", "update", "delete")
 
 _SCALAR_TYPES: dict[int, T.DataType] = {
@@ -52,8 +55,15 @@ def spark_conf(config: SparkConfig) -> dict[str, str]:
     return conf
 
 
-def spark_session(config: SparkConfig) -> SparkSession:
+def prepare_environment() -> None:
+    """Spark's Python workers must run this interpreter (with pyarrow and this package), not whatever
+    `python3` is on PATH; read from the environment when the context starts."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+
+def spark_session(config: SparkConfig) -> SparkSession:
+    prepare_environment()
     builder = SparkSession.builder
     for key, value in spark_conf(config).items():
         builder = builder.config(key, value)
@@ -127,7 +137,7 @@ def _raw_payload(record: str, changes: str, metadata: Column) -> Column:
         F.lit('{"record":'), F.coalesce(F.col(record), F.lit("null")),
         F.lit(',"changes":'), F.coalesce(F.col(changes), F.lit("null")),
         F.lit(',"action":"'), F.col("action"),
-        F.lit('","metadata":'), F.to_json(metadata), F.lit("}"),
+        F.lit('","metadata":'), F.to_json(metadata, _JSON_OPTIONS), F.lit("}"),
     )
 
 
@@ -138,6 +148,16 @@ def _default_group(plan: SinkPlan, table: str | None) -> Column:
     if cols:
         return F.to_json(F.array(*[F.col("record")[c].cast("string") for c in cols]))
     return F.concat_ws("|", F.col("table_schema"), F.col("table_name"), F.col("pk"))
+
+
+def table_frame(df: DataFrame, columns: Sequence[dict[str, object]], sink_name: str) -> DataFrame:
+    """Log rows of one table as filters and transforms see them: `record` and `changes` parsed into
+    structs of the table's columns, and `metadata`; the raw JSON kept as record_json/changes_json."""
+    st = record_schema(columns)
+    df = df.withColumn("record_json", F.col("record")).withColumn("changes_json", F.col("changes"))
+    df = df.withColumn("record", F.from_json("record_json", st))
+    df = df.withColumn("changes", F.from_json("changes_json", st))
+    return df.withColumn("metadata", _metadata(sink_name))
 
 
 def run_stage(spark: SparkSession, plan: SinkPlan, batch: pa.Table,
@@ -159,23 +179,19 @@ def run_stage(spark: SparkSession, plan: SinkPlan, batch: pa.Table,
         columns = schemas.get(table)
         if columns is None:
             raise KeyError(f"no column information for {table}: run the drain first")
-        st = record_schema(columns)
-        part = df.where((F.col("table_schema") == schema_name) & (F.col("table_name") == table_name))
-        part = part.withColumn("record_json", F.col("record")).withColumn("changes_json", F.col("changes"))
-        part = part.withColumn("record", F.from_json("record_json", st))
-        part = part.withColumn("changes", F.from_json("changes_json", st))
-        part = part.withColumn("metadata", _metadata(sink.name))
+        part = table_frame(df.where((F.col("table_schema") == schema_name) & (F.col("table_name") == table_name)),
+                           columns, sink.name)
         if sink.filter:
             part = part.where(F.expr(sink.filter))
         group = _default_group(plan, table)
         route = F.expr(sink.route) if sink.route else F.lit(None).cast("string")
         part = part.withColumn("group_key", group).withColumn("route", route.cast("string"))
         if isinstance(sink.transform, dict):
-            payload = F.to_json(F.struct(*[F.expr(e).alias(k) for k, e in sink.transform.items()]))
+            payload = F.to_json(F.struct(*[F.expr(e).alias(k) for k, e in sink.transform.items()]), _JSON_OPTIONS)
         elif plan.python_transform is not None:
             part = plan.python_transform(part)
-            visible = [c for c in part.columns if c not in _HIDDEN]
-            payload = F.to_json(F.struct(*visible))
+            visible = [c for c in part.columns if c not in HIDDEN_COLUMNS]
+            payload = F.to_json(F.struct(*visible), _JSON_OPTIONS)
         else:
             payload = _raw_payload("record_json", "changes_json", F.col("metadata"))
         parts.append(part.select("commit_lsn", "commit_idx", "group_key", "route", payload.alias("payload")))
@@ -187,7 +203,8 @@ def run_stage(spark: SparkSession, plan: SinkPlan, batch: pa.Table,
     return _sorted(out.toArrow())
 
 
-_HIDDEN = {"commit_lsn", "commit_idx", "group_key", "route", "record_json", "changes_json", "xid", "pk",
+# Columns a python transform's result carries for delivery, not for the message body.
+HIDDEN_COLUMNS = {"commit_lsn", "commit_idx", "group_key", "route", "record_json", "changes_json", "xid", "pk",
            "table_schema", "table_name", "commit_ts", "backfill_id"}
 _OUTPUT_TYPES = {"commit_lsn": pa.int64(), "commit_idx": pa.int32(), "group_key": pa.string(),
                  "route": pa.string(), "payload": pa.string()}

@@ -43,28 +43,40 @@ def validate_sinks(config: PipelineConfig, tables: Mapping[str, TableInfo],
     out: list[Finding] = []
     with _quiet_spark_errors():
         for sink in sinks:
-            found = [f for table in sink.tables if table in tables
-                     for f in validate_sink(spark, sink, table, tables[table].columns)]
-            out += found or [Finding("ok", f"sinks.{sink.name}", "filter, transform and route analyze "
-                                     f"against {', '.join(t for t in sink.tables if t in tables)}")]
+            checked = [t for t in sink.tables if t in tables]
+            problems: dict[tuple[str, str], list[str]] = {}  # (key, complaint) -> tables it applies to
+            for table in checked:
+                frame = empty_table_frame(spark, tables[table].columns, sink.name)
+                for problem in validate_sink(sink, frame):
+                    problems.setdefault(problem, []).append(table)
+            out += [Finding("error", f"sinks.{sink.name}.{key}", f"{message} ({_tables(names)})")
+                    for (key, message), names in problems.items()]
+            if not problems:
+                keys = [k for k in ("filter", "transform", "route") if getattr(sink, k)]
+                out.append(Finding("ok", f"sinks.{sink.name}",
+                                   f"{', '.join(keys)} analyzed against {', '.join(checked)}"))
     return out
 
 
-def validate_sink(spark: SparkSession, sink: SinkConfig, table: str, columns: Sequence[ColumnInfo]) -> list[Finding]:
-    subject = f"sinks.{sink.name}"
-    out: list[Finding] = []
-    frame = stage_frame(spark, sink.name, columns)
+def _tables(names: Sequence[str]) -> str:
+    return f"table {names[0]}" if len(names) == 1 else f"tables {', '.join(names)}"
+
+
+def validate_sink(sink: SinkConfig, frame: DataFrame) -> list[tuple[str, str]]:
+    """(key, Spark's complaint) for each of `sink`'s expressions that fails on `frame`, an empty stage
+    frame of one table (see empty_table_frame)."""
+    out: list[tuple[str, str]] = []
     condition, route_expr = sink.filter, sink.route
     if condition:
         problem = _analyze(lambda: frame.where(F.expr(condition)))
         if problem:
-            out.append(Finding("error", f"{subject}.filter", f"{problem} (table {table})"))
+            out.append(("filter", problem))
     # The stage adds these before any transform runs; a bad route is reported once, under route.
     route: Column = F.lit(None).cast("string")
     if route_expr:
         problem = _analyze(lambda: frame.select(F.expr(route_expr).cast("string")))
         if problem:
-            out.append(Finding("error", f"{subject}.route", f"{problem} (table {table})"))
+            out.append(("route", problem))
         else:
             route = F.expr(route_expr).cast("string")
     frame = frame.withColumn("group_key", F.lit(None).cast("string")).withColumn("route", route)
@@ -72,22 +84,18 @@ def validate_sink(spark: SparkSession, sink: SinkConfig, table: str, columns: Se
         for field, expr in sink.transform.items():
             problem = _analyze(lambda e=expr, k=field: frame.select(F.to_json(F.struct(F.expr(e).alias(k)))))
             if problem:
-                out.append(Finding("error", f"{subject}.transform.{field}", f"{problem} (table {table})"))
+                out.append((f"transform.{field}", problem))
     elif isinstance(sink.transform, str):
         problem = _python_transform(frame, sink.transform)
         if problem:
-            out.append(Finding("error", f"{subject}.transform", f"{sink.transform}: {problem} (table {table})"))
+            out.append(("transform", f"{sink.transform}: {problem}"))
     return out
 
 
-def stage_frame(spark: SparkSession, sink_name: str, columns: Sequence[ColumnInfo]) -> DataFrame:
-    """An empty frame shaped like run_stage's per-table frame at the point its filter is applied."""
-    struct = spark_stage.record_schema([{"name": c.name, "type_oid": c.type_oid} for c in columns])
+def empty_table_frame(spark: SparkSession, columns: Sequence[ColumnInfo], sink_name: str) -> DataFrame:
+    """An empty batch of one table exactly as run_stage hands it to the filter and transform."""
     df = spark.createDataFrame(LOG_ARROW_SCHEMA.empty_table())
-    df = df.withColumn("record_json", F.col("record")).withColumn("changes_json", F.col("changes"))
-    df = df.withColumn("record", F.from_json("record_json", struct))
-    df = df.withColumn("changes", F.from_json("changes_json", struct))
-    return df.withColumn("metadata", spark_stage._metadata(sink_name))
+    return spark_stage.table_frame(df, [{"name": c.name, "type_oid": c.type_oid} for c in columns], sink_name)
 
 
 def _python_transform(frame: DataFrame, ref: str) -> str | None:
@@ -104,7 +112,7 @@ def _python_transform(frame: DataFrame, ref: str) -> str | None:
     missing = [c for c in _STAGE_COLUMNS if c not in result.columns]
     if missing:
         return f"its result lacks column(s) {', '.join(missing)}, which delivery needs"
-    visible = [c for c in result.columns if c not in spark_stage._HIDDEN]
+    visible = [c for c in result.columns if c not in spark_stage.HIDDEN_COLUMNS]
     return _analyze(lambda: result.select(*_STAGE_COLUMNS, F.to_json(F.struct(*visible))))
 
 
