@@ -37,7 +37,7 @@ from psycopg.types.json import Jsonb
 from cdc_pipeline.backfill.copytext import parse_line
 from cdc_pipeline.backfill.page_size import PageSizeOptimizer
 from cdc_pipeline.backfill.state import BackfillConflict, BackfillError, BackfillSpec, BackfillStore
-from cdc_pipeline.backfill.watermark import WATERMARK_PREFIX, Watermark
+from cdc_pipeline.backfill.watermark import WATERMARK_PREFIX, Watermark, page_token
 from cdc_pipeline.capture.drain import SESSION_OPTIONS
 from cdc_pipeline.config import PipelineConfig
 from cdc_pipeline.postgres import catalog
@@ -50,6 +50,7 @@ APP_NAME = "cdc_pipeline.backfill"
 COPY_BLOCK = 1 << 20
 POLL_SECONDS = 0.05
 BACKLOG_CHECK_SECONDS = 1.0
+BACKLOG_COUNT_SECONDS = 10.0
 NO_DRAIN_WARNING_SECONDS = 10.0
 
 
@@ -222,6 +223,7 @@ class _Page:
     rows: int
     cursor: list[str] | None
     read_ms: float
+    token: str
 
 
 class Backfiller:
@@ -248,6 +250,7 @@ class Backfiller:
         self._stop = threading.Event()
         self._last_report = 0.0
         self._last_backlog_check = 0.0
+        self._last_backlog_count = 0.0
         self._backlog_note = ""
         self._backlog_estimate = 0
         self._waiting_since: float | None = None
@@ -354,8 +357,9 @@ class Backfiller:
         cfg = self.config.backfill
         pages = self.store.pages(state, bid)
         for page in pages:
-            if page["status"] == "staged":
-                self._emit(src, Watermark(bid, page["page_no"], "high"))  # see the module docstring
+            if page["status"] == "staged":  # see the module docstring
+                self._emit(src, Watermark(bid, page["page_no"], "high", token=page_token(page["snapshot"],
+                                                                                         page["read_at"])))
         last = pages[-1] if pages else None
         next_page = last["page_no"] + 1 if last else 0
         cursor: list[str] | None = list(last["cursor"]) if last and last["cursor"] is not None else None
@@ -401,7 +405,7 @@ class Backfiller:
                     optimizer = optimizer.observe_timeout(size)
                     log.info("backfill %s page %s: select of %s rows exceeded %s ms; next try %s rows",
                              bid, next_page, size, self.max_query_ms, optimizer.size)
-            self._emit(src, Watermark(bid, next_page, "high"))
+            self._emit(src, Watermark(bid, next_page, "high", token=page.token))
             optimizer = optimizer.observe(size, page.read_ms, page.rows)
             progress.pages_staged += 1
             progress.rows_staged += page.rows
@@ -446,8 +450,8 @@ class Backfiller:
             # The high watermark carries its own xid: assigned after the page's snapshot, it bounds the
             # transactions the snapshot may have missed (watermark.Snapshot.unseen).
             src.execute("SELECT pg_logical_emit_message(true, %s, json_build_object('id', %s::text, 'page', "
-                        "%s::int, 'kind', 'high', 'xid', pg_current_xact_id()::text)::text)",
-                        (WATERMARK_PREFIX, mark.backfill_id, mark.page))
+                        "%s::int, 'kind', 'high', 'xid', pg_current_xact_id()::text, 'token', %s::text)::text)",
+                        (WATERMARK_PREFIX, mark.backfill_id, mark.page, mark.token))
 
     def _read_and_stage(self, src: psycopg.Connection, state: psycopg.Connection, shape: TableShape, bid: str,
                         page_no: int, cursor: list[str] | None, size: int) -> _Page:
@@ -476,34 +480,35 @@ class Backfiller:
                 cur = _parse_cursor(last_cursor)
                 src.execute(insert_page, (bid, page_no, snap, read_at, size, rows, read_ms, cur, rows < size))
                 src.execute(reader, (rows, size, bid))
-            return _Page(rows, cur, read_ms)
-        chunks: list[bytes] = []
-        with src.transaction():
+            return _Page(rows, cur, read_ms, page_token(snap, read_at))
+        # The state lives elsewhere: stream COPY TO -> COPY FROM, a block at a time, so memory stays
+        # bounded whatever the page and row sizes. The page's time includes staging, as above.
+        rows = 0
+        last = b""
+        with state.transaction(), src.transaction():
             snap, read_at = src.execute("SELECT pg_current_snapshot()::text, now()").fetchone()  # type: ignore[misc]
             src.execute(timeout)
             t0 = time.perf_counter()
-            with src.cursor().copy(sql.SQL("COPY ({}) TO STDOUT").format(sql.SQL(select))) as copy:
-                for data in copy:
-                    chunks.append(bytes(data))  # one row per chunk
-            read_ms = (time.perf_counter() - t0) * 1000
-        cur = _parse_cursor(parse_line(chunks[-1])[-1]) if chunks else None
-        with state.transaction():
-            with state.cursor().copy(sql.SQL(
-                    "COPY {}.backfill_rows (backfill_id, page_no, seq, pk, record, cursor) FROM STDIN").format(s)) as copy:
+            with state.cursor().copy(sql.SQL("COPY {}.backfill_rows (backfill_id, page_no, seq, pk, record, cursor) "
+                                             "FROM STDIN").format(s)) as sink, \
+                    src.cursor().copy(sql.SQL("COPY ({}) TO STDOUT").format(sql.SQL(select))) as source:
                 block: list[bytes] = []
-                size_bytes = 0
-                for chunk in chunks:
-                    block.append(chunk)
-                    size_bytes += len(chunk)
-                    if size_bytes >= COPY_BLOCK:
-                        copy.write(b"".join(block))
-                        block, size_bytes = [], 0
+                block_bytes = 0
+                for data in source:  # one row per chunk
+                    last = bytes(data)
+                    block.append(last)
+                    block_bytes += len(last)
+                    rows += 1
+                    if block_bytes >= COPY_BLOCK:
+                        sink.write(b"".join(block))
+                        block, block_bytes = [], 0
                 if block:
-                    copy.write(b"".join(block))
-            state.execute(insert_page, (bid, page_no, snap, read_at, size, len(chunks), read_ms, cur,
-                                        len(chunks) < size))
-            state.execute(reader, (len(chunks), size, bid))
-        return _Page(len(chunks), cur, read_ms)
+                    sink.write(b"".join(block))
+            read_ms = (time.perf_counter() - t0) * 1000
+            cur = _parse_cursor(parse_line(last)[-1]) if rows else None
+            state.execute(insert_page, (bid, page_no, snap, read_at, size, rows, read_ms, cur, rows < size))
+            state.execute(reader, (rows, size, bid))
+        return _Page(rows, cur, read_ms, page_token(snap, read_at))
 
     # -- flow control -----------------------------------------------------------------------------
     def _must_wait(self, state: psycopg.Connection, bid: str) -> str:
@@ -516,27 +521,39 @@ class Backfiller:
             if self._waiting_since is None:
                 self._waiting_since = time.monotonic()
             return f"{staged} pages wait for the drain (max_staged_pages {cfg.max_staged_pages})" + self._drain_hint(state)
-        # The sinks' backlog is counted at most every BACKLOG_CHECK_SECONDS; in between, the pages
-        # staged since the count are added to it, so a fast backfill cannot run far past the limit.
+        # A sink's backlog: this backfill's own share (rows in flight, and reads reconciled after the
+        # sink's offset) is cheap to know from its pages and is checked every BACKLOG_CHECK_SECONDS, or
+        # at once when the rows staged since say it may be over. Counting the log itself (other traffic
+        # included, up to the limit) costs a scan of the backlog, so it runs every
+        # BACKLOG_COUNT_SECONDS, or when our share alone comes near the limit.
         now = time.monotonic()
-        over = self._backlog_estimate > cfg.max_sink_backlog
-        if now - self._last_backlog_check >= (BACKLOG_CHECK_SECONDS / 2 if over else BACKLOG_CHECK_SECONDS) or (
-                over and not self._backlog_note):
-            self._last_backlog_check = now
-            row = state.execute(sql.SQL("SELECT coalesce(sum(rows), 0) FROM {}.backfill_pages WHERE backfill_id = %s "
-                                        "AND status = 'staged'").format(self.store.s), (bid,)).fetchone()
-            in_flight = int(row[0]) if row else 0
-            self._backlog_estimate = 0
-            self._backlog_note = ""
-            for name in self.spec.sinks:
+        limit = cfg.max_sink_backlog
+        over = self._backlog_estimate > limit
+        if not (over or now - self._last_backlog_check >= BACKLOG_CHECK_SECONDS):
+            return self._backlog_note
+        if over and self._backlog_note and now - self._last_backlog_check < BACKLOG_CHECK_SECONDS / 2:
+            return self._backlog_note
+        self._last_backlog_check = now
+        count_log = now - self._last_backlog_count >= BACKLOG_COUNT_SECONDS
+        self._backlog_estimate = 0
+        self._backlog_note = ""
+        for name in self.spec.sinks:
+            offset = self.log_store.sink_offset(state, name)
+            row = state.execute(sql.SQL(
+                "SELECT coalesce(sum(rows) FILTER (WHERE status = 'staged'), 0), coalesce(sum(rows - dropped) "
+                "FILTER (WHERE status = 'reconciled' AND (high_lsn, high_idx) > (%s, %s)), 0) "
+                "FROM {}.backfill_pages WHERE backfill_id = %s").format(self.store.s),
+                (offset[0], offset[1], bid)).fetchone()
+            in_flight, ours = (int(row[0]), int(row[1])) if row else (0, 0)
+            backlog = in_flight + ours
+            if backlog <= limit and (count_log or backlog > limit // 2):
                 sink = self.config.sink(name)
-                offset = self.log_store.sink_offset(state, name)
-                backlog = in_flight + self.log_store.backlog(state, sink.tables, offset, name,
-                                                             cfg.max_sink_backlog + 1)
-                self._backlog_estimate = max(self._backlog_estimate, backlog)
-                if backlog > cfg.max_sink_backlog and not self._backlog_note:
-                    self._backlog_note = (f"sink {name} has more than {cfg.max_sink_backlog} undelivered messages "
-                                          f"(max_sink_backlog): waiting for delivery")
+                backlog = in_flight + self.log_store.backlog(state, sink.tables, offset, name, limit + 1)
+                self._last_backlog_count = now
+            self._backlog_estimate = max(self._backlog_estimate, backlog)
+            if backlog > limit and not self._backlog_note:
+                self._backlog_note = (f"sink {name} has more than {limit} undelivered messages "
+                                      f"(max_sink_backlog): waiting for delivery")
         return self._backlog_note
 
     def _drain_hint(self, state: psycopg.Connection) -> str:

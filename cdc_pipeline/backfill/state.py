@@ -291,7 +291,8 @@ class BackfillStore:
     def pages(self, conn: psycopg.Connection, backfill_id: str) -> list[dict[str, Any]]:
         with conn.cursor(row_factory=dict_row) as cur:
             return cur.execute(sql.SQL(
-                "SELECT page_no, page_size, rows, read_ms, cursor, last, status, dropped, high_lsn, high_idx "
+                "SELECT page_no, page_size, rows, read_ms, cursor, last, status, dropped, high_lsn, high_idx, "
+                "snapshot, read_at "
                 "FROM {}.backfill_pages WHERE backfill_id = %s ORDER BY page_no").format(self.s),
                 (backfill_id,)).fetchall()
 

@@ -12,8 +12,10 @@ range split in two where it crosses a wraparound.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Literal
 
 WATERMARK_PREFIX = "cdc_pipeline.watermark"
@@ -29,11 +31,16 @@ class Watermark:
     kind: Kind
     # high only: an xid8 assigned after the page's snapshot was taken
     xid: int | None = None
+    # high only: which staging of the page it seals (page_token), so a high watermark whose staging was
+    # lost (a state database restored, or crashed with synchronous_commit off) never seals a re-read
+    token: str | None = None
 
     def encode(self) -> str:
         body: dict[str, object] = {"id": self.backfill_id, "page": self.page, "kind": self.kind}
         if self.xid is not None:
             body["xid"] = str(self.xid)
+        if self.token is not None:
+            body["token"] = self.token
         return json.dumps(body, separators=(",", ":"))
 
 
@@ -45,9 +52,17 @@ def decode(content: bytes | str) -> Watermark | None:
         if kind not in ("low", "high"):
             return None
         xid = body.get("xid")
-        return Watermark(str(body["id"]), int(body["page"]), kind, int(xid) if xid is not None else None)
+        token = body.get("token")
+        return Watermark(str(body["id"]), int(body["page"]), kind, int(xid) if xid is not None else None,
+                         str(token) if token is not None else None)
     except (ValueError, KeyError, TypeError):
         return None
+
+
+def page_token(snapshot: str, read_at: datetime) -> str:
+    """Identifies one staging of a page: its snapshot and the time it was read (as an instant, so the
+    session time zone of whoever computes it does not matter)."""
+    return hashlib.sha1(f"{snapshot}|{read_at.timestamp():.6f}".encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,7 @@ import psycopg
 from psycopg import sql
 
 from cdc_pipeline.backfill import watermark
-from cdc_pipeline.backfill.watermark import WATERMARK_PREFIX, Snapshot
+from cdc_pipeline.backfill.watermark import WATERMARK_PREFIX, Snapshot, page_token
 
 if TYPE_CHECKING:
     from cdc_pipeline.config import PipelineConfig
@@ -89,6 +89,8 @@ class Reconciler:
         snap_text, read_at, rows, cursor, last, status, low_lsn, low_idx = row
         if status not in ("running", "paused"):
             return 0
+        if mark.token is not None and mark.token != page_token(snap_text, read_at):
+            return 0  # it sealed an earlier staging of this page that was lost; the page was read again
         shape = self._shape(conn, mark.backfill_id)
         if shape is None:
             return 0

@@ -71,6 +71,26 @@ def test_materializing_a_partition_backfills_exactly_its_window(source_db, db_fa
     assert request.tags.get("cdc_pipeline/kind") == "backfill"
 
 
+def test_integer_partitions_of_a_sequence_column(source_db, db_factory, write_config, tmp_path):
+    dest = db_factory()
+    source_db.execute("CREATE TABLE public.seq (id int PRIMARY KEY, v text)")
+    source_db.execute("INSERT INTO public.seq SELECT g, 'v' FROM generate_series(1, 1999) g")
+    table = {"name": "public.seq", "sort_column": "id", "partitions": {"kind": "integer", "start": 0, "end": 2000,
+                                                                        "step": 500}}
+    config = write_config(backfill_config(source_db.dsn, dest.dsn, [table]))
+    setup(config)
+    defs = _defs(tmp_path / "cdc.yaml")
+    job = defs.resolve_job_def("backfill_public_seq")
+    assert job.partitions_def.get_partition_keys() == ["0..500", "500..1000", "1000..1500", "1500..2000"]
+    with DagsterInstance.ephemeral() as instance, drain_running(config):
+        result = job.execute_in_process(instance=instance, partition_key="500..1000")
+    assert result.success
+    [mat] = [e.materialization for e in result.get_asset_materialization_events()]
+    assert sorted(log_reads(config, mat.metadata["backfill_id"].value)) == sorted(
+        f"[{i}]" for i in range(500, 1000))
+    assert [s.name for s in defs.schedules or []] == []  # integer partitions have no "previous" one
+
+
 def test_failed_run_keeps_its_checkpoint_and_the_retry_resumes(source_db, db_factory, write_config, tmp_path):
     dest = db_factory()
     source_db.execute("CREATE TABLE public.big (id int PRIMARY KEY, v text)")

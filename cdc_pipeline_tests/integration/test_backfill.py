@@ -256,13 +256,17 @@ def test_partial_backfills_ties_nulls_start_end_and_integer_sequences(source_db,
 # -- page size ------------------------------------------------------------------------------------
 
 
-def test_tiny_max_query_ms_shrinks_the_page_size(source_db, db_factory, write_config):
+@pytest.mark.parametrize("state", ["same-database", "separate-state"])
+def test_tiny_max_query_ms_shrinks_the_page_size(state, source_db, db_factory, write_config):
     dest = db_factory()
     source_db.execute("CREATE TABLE public.wide (id int PRIMARY KEY, a text, b text, c jsonb)")
     source_db.execute("INSERT INTO public.wide SELECT g, repeat('a', 200), md5(g::text), "
                       "jsonb_build_object('g', g, 'h', repeat('x', 100)) FROM generate_series(1, 40000) g")
-    config = write_config(backfill_config(source_db.dsn, dest.dsn, ["public.wide"],
-                                          {"initial_page_size": 40000, "max_page_size": 40000}))
+    data = backfill_config(source_db.dsn, dest.dsn, ["public.wide"],
+                           {"initial_page_size": 40000, "max_page_size": 40000})
+    if state == "separate-state":  # a timeout mid-stream aborts the COPY FROM into the state, too
+        data["state"] = {"dsn": db_factory().dsn}
+    config = write_config(data)
     setup(config)
     result = backfill(config, "public.wide", max_query_ms=15)
     assert result.status == "completed"
@@ -358,6 +362,30 @@ def test_stopped_backfill_resumes_from_its_checkpoint(source_db, db_factory, wri
     assert again.rows_staged == 1000 and sorted(log_reads(config)) == sorted(f"[{i}]" for i in range(1, 1001))
 
 
+def test_cli_backfill_runs_with_its_own_drain_and_reports_conflicts(source_db, db_factory, write_config, capsys):
+    dest = db_factory()
+    source_db.execute("CREATE TABLE public.cl (id int PRIMARY KEY, n int)")
+    source_db.execute("INSERT INTO public.cl SELECT g, g % 10 FROM generate_series(1, 500) g")
+    config = write_config(backfill_config(source_db.dsn, dest.dsn, ["public.cl"]))
+    setup(config)
+    base = ["--config", str(config.path), "backfill"]
+    assert cli_main([*base, "public.cl", "--drain", "--json", "--sort-column", "n", "--start", "5"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["status"] == "completed" and out["rows_read"] == 250 and out["sinks"] == "mirror"
+    assert any("not the first column of any index" in w for w in out["warnings"])
+    # a second request while one is active (interrupted, no process) says what to do
+    runner = Backfiller(config, BackfillRequest("public.cl"), on_progress=lambda p: runner.stop(), progress_seconds=0)
+    with drain_running(config):
+        assert runner.run().status == "interrupted"
+    assert cli_main([*base, "public.cl", "--end", "3", "--sort-column", "n"]) == 1
+    err = capsys.readouterr().err
+    assert "already active for public.cl -> sink mirror" in err and "backfill resume" in err
+    assert cli_main([*base, "list"]) == 0
+    assert "(no process: resume it)" in capsys.readouterr().out
+    assert cli_main([*base, "nosuch.table"]) == 2  # a config error: unknown table
+    assert cli_main([*base, "public.cl", "--sink", "nope"]) == 2
+
+
 # -- routing and backpressure ------------------------------------------------------------------------
 
 
@@ -407,7 +435,7 @@ def test_sink_backlog_holds_the_backfill_until_delivery_catches_up(source_db, db
         dthread.join(120)
     assert results[0].status == "completed" and results[0].rows_read == 2000
     deliver(config, spark)
-    assert_mirrored(source_db.dsn, "public.bp", dest.dsn, "mirror.bp") == 2000
+    assert assert_mirrored(source_db.dsn, "public.bp", dest.dsn, "mirror.bp") == 2000
 
 
 # -- the reconciler's rules on hand-built states -------------------------------------------------------
@@ -505,3 +533,33 @@ def test_copy_text_lines_parse_back_to_values():
     # raw bytes as COPY TO writes them: tab-separated, \\N for NULL, backslash escapes
     assert parse_line(rb"a\\b" + b"\t" + rb"x\ty" + b"\t" + rb"\N" + b"\n") == ["a\\b", "x\ty", None]
     assert parse_line(rb'["1", "c\\td"]' + b"\n") == ['["1", "c\\td"]']
+
+
+def test_a_high_watermark_seals_only_the_staging_it_was_sent_for(db_factory):
+    """A page staged again (its first staging lost with a state database restored or crashed) is not
+    sealed by the first staging's high watermark: the token differs, so the drain waits for its own."""
+    from datetime import UTC, datetime
+
+    from cdc_pipeline.backfill.watermark import page_token
+
+    db = db_factory()
+    with psycopg.connect(db.dsn, autocommit=True) as conn:
+        ensure_schema(conn, "cdc_pipeline")
+    read_at = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
+    with psycopg.connect(db.dsn) as conn:
+        conn.execute("INSERT INTO cdc_pipeline.backfills (id, identity, table_schema, table_name, sinks, "
+                     "primary_key, keyset) VALUES ('bf', 'x', 'public', 't', '{m}', '{id}', '{id}')")
+        conn.execute("INSERT INTO cdc_pipeline.backfill_pages (backfill_id, page_no, snapshot, read_at, page_size, "
+                     "rows, read_ms, cursor, last) VALUES ('bf', 0, '10:10:', %s, 5, 1, 1, '{1}', true)", (read_at,))
+        conn.execute("INSERT INTO cdc_pipeline.backfill_low_watermarks VALUES ('bf', 0, 100, 0)")
+        conn.execute("INSERT INTO cdc_pipeline.backfill_rows (backfill_id, page_no, seq, pk, record) "
+                     "VALUES ('bf', 0, 1, '[1]', '{\"id\": 1}')")
+        reconciler = Reconciler("cdc_pipeline")
+
+        def high(token: str) -> LogicalMessage:
+            return LogicalMessage(True, 200, WATERMARK_PREFIX, json.dumps(
+                {"id": "bf", "page": 0, "kind": "high", "xid": "20", "token": token}).encode())
+
+        assert reconciler(high(page_token("9:9:", read_at)), 200, 0, conn) == 0  # an older staging's
+        assert reconciler(high(page_token("10:10:", read_at)), 300, 0, conn) == 1
+        conn.commit()

@@ -187,7 +187,7 @@ def test_sigkilled_backfill_process_resumes_from_its_checkpoint(source_db, db_fa
                 assert proc.returncode == 0, f"final run failed:\n{out}\n{err}"
                 break
             # Let it make progress (at least one new page), then kill it at a random moment.
-            wait_for(lambda b=before: staged_pages() > b or proc.poll() is not None, timeout=120,
+            wait_for(lambda b=before, p=proc: staged_pages() > b or p.poll() is not None, timeout=120,
                      what="the backfill process to stage a page")
             time.sleep(rng.uniform(0.0, 0.6))
             assert proc.poll() is None, f"finished before the kill: {proc.communicate()}"
@@ -209,5 +209,6 @@ def test_sigkilled_backfill_process_resumes_from_its_checkpoint(source_db, db_fa
     assert fetched <= table_size + kills * max_page
     assert info.rows_read == sum(p["rows"] for p in pages)  # every staged page reconciled once
     figures = check_final_state(config, source_db, dest, spark)
-    print(figures, f"rows read {info.rows_read}, dropped {info.rows_dropped}, pages {len(pages)}")
+    print(figures, f"rows read {info.rows_read}, dropped {info.rows_dropped}, pages {len(pages)}, "
+          f"page reads {attempts} for {kills} kills")
     assert figures["reads"] == info.rows_read - info.rows_dropped
