@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import IO
 
@@ -22,6 +23,7 @@ from pyspark.errors import AnalysisException, ParseException
 from pyspark.sql import SparkSession
 
 from cdc_pipeline.config import PipelineConfig, SinkConfig
+from cdc_pipeline.delivery.arrow_stage import run_arrow_stage
 from cdc_pipeline.delivery.backoff import next_delay_ms
 from cdc_pipeline.delivery.spark_stage import SinkPlan, empty_output, run_stage
 from cdc_pipeline.sinks import build_sink
@@ -41,6 +43,16 @@ MAX_STAGE_SPLITS = 128
 
 class SinkBusy(RuntimeError):
     pass
+
+
+@dataclass(frozen=True)
+class Staged:
+    """One micro-batch read from the log and through the stage, ready to send."""
+
+    batch: pa.Table
+    last: Position  # the batch's last log position: the offset once it is sent
+    out: pa.Table
+    failed: list[StageFailure]
 
 
 @dataclass
@@ -119,16 +131,7 @@ class Deliverer:
                     if held is not None and held > offset:  # the sink committed before we did
                         offset = held
                 conn.commit()
-                while not self._stop.is_set():
-                    if seconds is not None and time.monotonic() - started >= seconds:
-                        break
-                    if not self.dry_run:
-                        self._retry_due(conn, stats)
-                    n, offset = self._batch(conn, offset, stats)
-                    if n == 0:
-                        if until_idle:
-                            break
-                        self._stop.wait(self.config.delivery.idle_seconds)
+                offset = self._loop(conn, offset, stats, started, until_idle, seconds)
                 stats.offset = offset
                 stats.lag_messages = self.store.count_after(conn, self.sink_config.tables, offset, sink=name)
                 conn.commit()
@@ -141,15 +144,44 @@ class Deliverer:
     def _schemas(self, conn: psycopg.Connection) -> dict[str, list[dict[str, object]]]:
         return self.store.relation_columns(conn) if self.plan.needs_record else {}
 
-    def _batch(self, conn: psycopg.Connection, offset: Position, stats: DeliveryStats) -> tuple[int, Position]:
+    def _loop(self, conn: psycopg.Connection, offset: Position, stats: DeliveryStats, started: float,
+              until_idle: bool, seconds: float | None) -> Position:
+        """Micro-batches until idle (or stopped). The next batch is loaded and staged on a second
+        connection while the sink writes the current one: the two mostly wait on different servers."""
+        with psycopg.connect(self.config.state_dsn) as loader, ThreadPoolExecutor(1) as pool:
+            ahead: Future[Staged] | None = None
+            while not self._stop.is_set():
+                if seconds is not None and time.monotonic() - started >= seconds:
+                    break
+                if not self.dry_run:
+                    self._retry_due(conn, stats)
+                staged = ahead.result() if ahead is not None else self._load_and_stage(loader, offset)
+                ahead = None
+                if staged.batch.num_rows == 0:
+                    if until_idle:
+                        break
+                    self._stop.wait(self.config.delivery.idle_seconds)
+                    continue
+                ahead = pool.submit(self._load_and_stage, loader, staged.last)
+                offset = self._send(conn, staged, stats)
+            if ahead is not None:
+                ahead.result()  # let the loader finish before its connection closes
+        return offset
+
+    def _load_and_stage(self, conn: psycopg.Connection, offset: Position) -> Staged:
         batch = self.store.load_batch(conn, self.sink_config.tables, offset, self.batch_size,
                                       sink=self.sink_config.name)
+        schemas = self._schemas(conn) if batch.num_rows else {}
         conn.commit()
         if batch.num_rows == 0:
-            return 0, offset
+            return Staged(batch, offset, empty_output(), [])
         last: Position = (batch.column("commit_lsn")[-1].as_py(), batch.column("commit_idx")[-1].as_py())
+        out, stage_failed = self._stage(batch, schemas)
+        return Staged(batch, last, out, stage_failed)
+
+    def _send(self, conn: psycopg.Connection, staged: Staged, stats: DeliveryStats) -> Position:
+        batch, last, out, stage_failed = staged.batch, staged.last, staged.out, staged.failed
         last_ts = batch.column("commit_ts")[-1].as_py()
-        out, stage_failed = self._stage(batch, self._schemas(conn))
         messages = messages_from(out)
         stats.batches += 1
         stats.read += batch.num_rows
@@ -159,7 +191,7 @@ class Deliverer:
             for m in messages:
                 self.dry_run_out.write(m.payload.decode() + "\n")
             stats.delivered += len(messages)
-            return batch.num_rows, last
+            return last
         name = self.sink_config.name
         blocked = self.store.parked_groups(conn, name) if self.sink_config.message_grouping else set()
         # A message the stage could not process blocks the later messages of its group too.
@@ -173,7 +205,7 @@ class Deliverer:
         conn.commit()
         stats.delivered += delivered
         stats.parked += parked
-        return batch.num_rows, last
+        return last
 
     def _deliver(self, messages: Sequence[OutboundMessage]) -> list[str | None]:
         if not messages:
@@ -189,6 +221,8 @@ class Deliverer:
                ) -> tuple[pa.Table, list[StageFailure]]:
         """Run the Spark stage; when it fails at run time (a transform raising on some row), bisect the
         batch to find the rows that make it fail, so only those are parked, not the batch."""
+        if not self.plan.needs_record:
+            return run_arrow_stage(self.plan, batch), []  # nothing for Spark to compute (arrow_stage.py)
         budget = [MAX_STAGE_SPLITS]
         return self._stage_bisect(batch, schemas, budget)
 

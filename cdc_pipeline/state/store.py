@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import io
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
 import psycopg
 import pyarrow as pa
+import pyarrow.csv as pacsv
 from psycopg import sql
 
 from cdc_pipeline.postgres.catalog import ColumnInfo, TableInfo
@@ -20,16 +22,33 @@ LOG_ARROW_SCHEMA = pa.schema([
     ("pk", pa.string()), ("record", pa.string()), ("changes", pa.string()),
     ("commit_ts", pa.timestamp("us", tz="UTC")), ("backfill_id", pa.string()),
 ])
+# commit_ts travels as microseconds since the epoch: a plain integer for the CSV reader.
 _SELECT = ("SELECT commit_lsn, commit_idx, xid, table_schema, table_name, action, pk, record::text, "
-           "changes::text, commit_ts, backfill_id FROM {}.change_log ")
+           "changes::text, (extract(epoch FROM commit_ts) * 1000000)::bigint, backfill_id FROM {}.change_log ")
+_CSV_TYPES = {f.name: (pa.int64() if f.name == "commit_ts" else f.type) for f in LOG_ARROW_SCHEMA}
 
 
-def _to_arrow(rows: list[tuple[object, ...]]) -> pa.Table:
-    columns = list(zip(*rows, strict=True)) if rows else [[] for _ in LOG_ARROW_SCHEMA]
-    return pa.Table.from_arrays(
-        [pa.array(col, type=f.type) for col, f in zip(columns, LOG_ARROW_SCHEMA, strict=True)],
-        schema=LOG_ARROW_SCHEMA,
+def _copy_arrow(conn: psycopg.Connection, query: sql.Composable, params: Sequence[object]) -> pa.Table:
+    """Run a log SELECT as COPY ... CSV and parse it with Arrow's C++ reader: several times faster
+    than building Python tuples, and the batch is wanted as Arrow anyway."""
+    buf = io.BytesIO()
+    with conn.cursor() as cur, cur.copy(sql.SQL("COPY ({}) TO STDOUT WITH (FORMAT csv)").format(query),
+                                        params) as copy:
+        for chunk in copy:
+            buf.write(chunk)
+    if buf.tell() == 0:
+        return LOG_ARROW_SCHEMA.empty_table()
+    buf.seek(0)
+    table = pacsv.read_csv(
+        buf,
+        read_options=pacsv.ReadOptions(column_names=LOG_ARROW_SCHEMA.names, block_size=1 << 24),
+        parse_options=pacsv.ParseOptions(newlines_in_values=True),
+        # PostgreSQL's CSV: an unquoted empty field is NULL, a quoted one ("") the empty string.
+        convert_options=pacsv.ConvertOptions(column_types=_CSV_TYPES, null_values=[""], strings_can_be_null=True,
+                                             quoted_strings_can_be_null=False),
     )
+    ts = table.column("commit_ts").cast(pa.timestamp("us", tz="UTC"))
+    return table.set_column(table.schema.get_field_index("commit_ts"), "commit_ts", ts)
 
 
 def _sink(sink: str | None) -> tuple[str, ...]:
@@ -50,12 +69,15 @@ class Store:
         query = sql.SQL(_SELECT + "WHERE (commit_lsn, commit_idx) > (%s, %s) "
                         "AND table_schema || '.' || table_name = ANY(%s) {routing}"
                         "ORDER BY commit_lsn, commit_idx LIMIT %s").format(self.s, routing=self._routing(sink))
-        return _to_arrow(conn.execute(query, (after[0], after[1], list(tables), *_sink(sink), limit)).fetchall())
+        # The log's primary key already gives this order: without the hint the planner underestimates
+        # how many rows match the table filter and sorts every row after the offset to keep `limit`.
+        conn.execute("SET LOCAL enable_sort = off")
+        return _copy_arrow(conn, query, (after[0], after[1], list(tables), *_sink(sink), limit))
 
     def load_positions(self, conn: psycopg.Connection, positions: Sequence[Position]) -> pa.Table:
         query = sql.SQL(_SELECT + "WHERE (commit_lsn, commit_idx) IN (SELECT * FROM unnest(%s::bigint[], %s::int[])) "
                         "ORDER BY commit_lsn, commit_idx").format(self.s)
-        return _to_arrow(conn.execute(query, ([p[0] for p in positions], [p[1] for p in positions])).fetchall())
+        return _copy_arrow(conn, query, ([p[0] for p in positions], [p[1] for p in positions]))
 
     def log_head(self, conn: psycopg.Connection, tables: Sequence[str], sink: str | None = None) -> Position:
         row = conn.execute(sql.SQL(
