@@ -51,6 +51,29 @@ def machine() -> str:
     return f"{os.cpu_count()} CPUs ({cpu}), {platform.python_implementation()} {platform.python_version()}, {pg}"
 
 
+def cpu_busy(seconds: float = 2.0) -> float:
+    """Fraction of all CPUs busy over `seconds` (from /proc/stat)."""
+
+    def sample() -> tuple[int, int]:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        return sum(fields), fields[3] + fields[4]  # total, idle + iowait
+
+    t0, i0 = sample()
+    time.sleep(seconds)
+    t1, i1 = sample()
+    return 1 - (i1 - i0) / max(1, t1 - t0)
+
+
+def wait_quiet(max_wait: float, threshold: float = 0.1) -> float:
+    """This machine is shared: wait (up to `max_wait` s) until other work leaves the CPUs nearly idle.
+    Returns the busy fraction seen last, for the record."""
+    deadline = time.monotonic() + max_wait
+    busy = cpu_busy()
+    while busy > threshold and time.monotonic() < deadline:
+        busy = cpu_busy()
+    return busy
+
+
 def write_config(path: Path, data: dict[str, Any]) -> Path:
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import statistics
 import sys
@@ -38,6 +39,7 @@ from bench._common import (  # noqa: E402 - runnable as a script
     spawn,
     start_cluster,
     table,
+    wait_quiet,
     write_config,
 )
 
@@ -138,6 +140,8 @@ def main() -> None:
     ap.add_argument("--idle-seconds", type=float, default=None, help="delivery.idle_seconds (default: the config's)")
     ap.add_argument("--batch-size", type=int, default=None, help="delivery.batch_size (default: the config's)")
     ap.add_argument("--spark-master", default="local[*]")
+    ap.add_argument("--wait-quiet", type=float, default=0, metavar="S",
+                    help="before each phase, wait up to S seconds for other work to leave the CPUs idle")
     ap.add_argument("--no-durable", action="store_true", help="fsync=off etc. on the bench cluster")
     ap.add_argument("--keep", action="store_true", help="keep the cluster and logs afterwards")
     args = ap.parse_args()
@@ -203,6 +207,8 @@ def main() -> None:
                 conn.execute("UPDATE orders SET ver = 2, amount = amount + 1, status = 'paid', updated_at = now() "
                              "WHERE id BETWEEN %s AND %s", (lo, min(lo + 999, 10 + n - half)))
         print(f"backlog: {n:,} changes committed in {time.monotonic() - t_load:.1f} s")
+        if args.wait_quiet:
+            print(f"CPUs {100 * wait_quiet(args.wait_quiet):.0f}% busy before phase 1")
         _, base_delivered = sink_position(state)
         _, base_count = log_head(state)
         t0 = time.monotonic()
@@ -238,6 +244,8 @@ def main() -> None:
         with psycopg.connect(dst, autocommit=True) as conn:
             conn.execute(LAG_DDL)
         head, _ = log_head(state)
+        if args.wait_quiet:
+            print(f"CPUs {100 * wait_quiet(args.wait_quiet):.0f}% busy before phase 2")
         load = OfferedLoad(src, args.rate, args.seconds, first_id=11 + half, ver=10)
         load.join()
         if load.error:
@@ -296,6 +304,8 @@ def main() -> None:
         if args.keep:
             print(f"logs in {work}")
         keep_or_destroy(cluster, args.keep)
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

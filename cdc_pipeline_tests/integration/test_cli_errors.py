@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +76,7 @@ VERBS = ["check", "setup"]
 # -- config errors: reported before connecting anywhere ------------------------------------------------
 
 @pytest.mark.parametrize("verb", VERBS)
-def test_malformed_yaml(verb, source_db, tmp_path):
+def test_malformed_yaml(verb: str, source_db: Database, tmp_path: Path) -> None:
     path = write(tmp_path / "cdc.yaml", f'source: {{dsn: "{source_db.dsn}"\ntables: [\n  - name: public.t\n')
     rc, out, err = run(path, verb)
     assert rc != 0
@@ -87,7 +87,7 @@ def test_malformed_yaml(verb, source_db, tmp_path):
 
 
 @pytest.mark.parametrize("verb", VERBS)
-def test_unknown_key(verb, source_db, tmp_path):
+def test_unknown_key(verb: str, source_db: Database, tmp_path: Path) -> None:
     data = mirror_config(source_db.dsn, source_db.dsn, ["public.t"])
     data["sinks"][0]["destination"]["tabel"] = "x.y"
     path = write(tmp_path / "cdc.yaml", data)
@@ -99,7 +99,7 @@ def test_unknown_key(verb, source_db, tmp_path):
 
 
 @pytest.mark.parametrize("verb", VERBS)
-def test_missing_environment_variable(verb, source_db, tmp_path):
+def test_missing_environment_variable(verb: str, source_db: Database, tmp_path: Path) -> None:
     data = mirror_config("${CDC_TEST_UNSET_SOURCE_DSN}", source_db.dsn, ["public.t"])
     path = write(tmp_path / "cdc.yaml", data)
     env = {k: v for k, v in os.environ.items() if k != "CDC_TEST_UNSET_SOURCE_DSN"}
@@ -114,7 +114,7 @@ def test_missing_environment_variable(verb, source_db, tmp_path):
 # -- source problems: found by connecting, before creating anything ------------------------------------
 
 @pytest.mark.parametrize("verb", VERBS)
-def test_table_without_primary_key(verb, source_db, tmp_path):
+def test_table_without_primary_key(verb: str, source_db: Database, tmp_path: Path) -> None:
     source_db.execute("CREATE TABLE keyed (id int PRIMARY KEY); CREATE TABLE nokey (id int, v text)")
     path = write(tmp_path / "cdc.yaml", mirror_config(source_db.dsn, source_db.dsn, ["public.keyed", "public.nokey"]))
     rc, out, err = run(path, verb)
@@ -132,7 +132,8 @@ def test_table_without_primary_key(verb, source_db, tmp_path):
 
 
 @pytest.mark.parametrize("verb", VERBS)
-def test_source_with_wal_level_replica(verb, replica_cluster, db_factory, tmp_path):
+def test_source_with_wal_level_replica(verb: str, replica_cluster: embedded.EmbeddedPostgres,
+                                       db_factory: Callable[[], Database], tmp_path: Path) -> None:
     src = replica_cluster.dsn("src")
     with psycopg.connect(src, autocommit=True) as conn:
         conn.execute("CREATE TABLE IF NOT EXISTS t (id int PRIMARY KEY)")
@@ -149,7 +150,7 @@ def test_source_with_wal_level_replica(verb, replica_cluster, db_factory, tmp_pa
     assert created(dest.dsn) == []
 
 
-def test_nothing_was_left_half_done_then_setup_works(source_db, tmp_path):
+def test_nothing_was_left_half_done_then_setup_works(source_db: Database, tmp_path: Path) -> None:
     """After the failures above are fixed, the same config sets up cleanly (the failures left no debris
     that would make setup or check trip later)."""
     source_db.execute("CREATE TABLE nokey (id int, v text)")

@@ -342,7 +342,8 @@ def _assert_log_complete(config: PipelineConfig, txns: dict[int, int]) -> None:
 
 
 @pytest.mark.slow
-def test_drain_sigkill_during_100k_changes(source_db, db_factory, write_config, spark):
+def test_drain_sigkill_during_100k_changes(source_db: Database, db_factory: Callable[[], Database],
+                                           write_config: Callable[..., PipelineConfig], spark: Any) -> None:
     seed = int(os.environ.get("CDC_CRASH_SEED", random.randrange(1 << 30)))
     print(f"seed {seed} (rerun with CDC_CRASH_SEED={seed})")
     rng = random.Random(seed)
@@ -439,7 +440,8 @@ def _wait_for_open_sink_transaction(dest_dsn: str, dbname: str, timeout: float) 
 
 
 @pytest.mark.slow
-def test_deliver_sigkill_mid_batch(source_db, db_factory, write_config):
+def test_deliver_sigkill_mid_batch(source_db: Database, db_factory: Callable[[], Database],
+                                   write_config: Callable[..., PipelineConfig]) -> None:
     seed = int(os.environ.get("CDC_CRASH_SEED", random.randrange(1 << 30)))
     print(f"seed {seed} (rerun with CDC_CRASH_SEED={seed})")
     rng = random.Random(seed)
@@ -464,7 +466,7 @@ def test_deliver_sigkill_mid_batch(source_db, db_factory, write_config):
             # killed run applied, so an ignored sink offset would show as rows going backwards.
             _set_batch_size(config, batch_size)
             before = _sink_offsets(config.state_dsn, dest.dsn)
-            proc = spawn(config, "deliver", "--until-idle")
+            proc = spawn(config, "deliver", "--seconds", "300")  # runs until killed
             # Let it deliver something first (the JVM takes a while to start).
             deadline = time.monotonic() + 60
             while _sink_offsets(config.state_dsn, dest.dsn) == before:
@@ -479,7 +481,7 @@ def test_deliver_sigkill_mid_batch(source_db, db_factory, write_config):
                     mode += " (window missed)"
             else:
                 assert _wait_for_open_sink_transaction(dest.dsn, dest.name, 20), "no sink transaction seen"
-            assert proc.poll() in (None, -signal.SIGKILL), "deliver finished before it could be killed"
+            assert proc.poll() in (None, -signal.SIGKILL), f"deliver exited: {finish(proc, 10)}"
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
             print(f"killed deliver ({mode}); offsets state/sink: {_sink_offsets(config.state_dsn, dest.dsn)}")
@@ -512,7 +514,8 @@ def test_deliver_sigkill_mid_batch(source_db, db_factory, write_config):
         assert row == (0,)
 
 
-def test_second_drain_on_the_same_slot_fails_clearly(source_db, db_factory, write_config):
+def test_second_drain_on_the_same_slot_fails_clearly(source_db: Database, db_factory: Callable[[], Database],
+                                                     write_config: Callable[..., PipelineConfig]) -> None:
     dest = db_factory()
     config = _prepare(source_db, dest, write_config)
     first = spawn(config, "drain", "--seconds", "60")

@@ -15,13 +15,16 @@ import contextlib
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 
 from cdc_pipeline.config import PipelineConfig
 from cdc_pipeline.setup import setup
+from cdc_pipeline_tests.conftest import Database
 from cdc_pipeline_tests.helpers import assert_mirrored, deliver, mirror_config
 
 CLI = str(Path(sys.executable).with_name("cdc-pipeline"))
@@ -68,7 +71,9 @@ def log_count(config: PipelineConfig, where: str = "true") -> int:
 
 
 @pytest.mark.slow
-def test_million_row_transaction_bounded_memory(source_db, db_factory, write_config, spark, tmp_path):
+def test_million_row_transaction_bounded_memory(source_db: Database, db_factory: Callable[[], Database],
+                                                write_config: Callable[..., PipelineConfig], spark: Any,
+                                                tmp_path: Path) -> None:
     dest = db_factory()
     source_db.execute("CREATE TABLE big (id integer PRIMARY KEY, v integer, s text)")
     config = write_config(mirror_config(source_db.dsn, dest.dsn, ["public.big"]))
