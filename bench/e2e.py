@@ -1,7 +1,8 @@
 """End to end: source commit -> change log -> Spark -> Postgres mirror, with `cdc-pipeline drain` and
 `cdc-pipeline deliver` running concurrently as separate processes.
 
-    .venv/bin/python bench/e2e.py [--backlog 500000] [--rate 2000] [--seconds 60] [--no-durable] [--keep]
+    .venv/bin/python bench/e2e.py [--backlog 500000] [--rate 2000] [--seconds 60] [--wait-quiet S]
+                                  [--no-durable] [--keep]
                                   [--drain-batch-ms MS] [--idle-seconds S] [--batch-size N]
 
 1. Sustained throughput: with delivery warm and the drain stopped, a backlog of inserts and updates

@@ -241,13 +241,15 @@ class DrainConfig(_Model):
     tick_seconds: float = Field(default=20, gt=0)
     heartbeat_seconds: float = Field(default=5, gt=0)
     batch_rows: int = Field(default=20000, gt=0)
-    batch_ms: int = Field(default=500, gt=0)
+    # Commit to the log at least this often: bounds the capture part of commit-to-sink latency.
+    batch_ms: int = Field(default=200, gt=0)
     idle_seconds: float = Field(default=2, gt=0)
 
 
 class DeliveryConfig(_Model):
     batch_size: int = Field(default=20000, gt=0)
-    idle_seconds: float = Field(default=2, gt=0)
+    # How often a long-running delivery polls an idle log: bounds the delivery part of the latency.
+    idle_seconds: float = Field(default=0.25, gt=0)
     lag_trigger_messages: int = Field(default=1, ge=1)
     # The Dagster asset check fails when a message has been parked longer than this.
     max_parked_age_seconds: float = Field(default=3600, gt=0)

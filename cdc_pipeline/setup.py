@@ -94,7 +94,13 @@ def setup(config: PipelineConfig) -> list[str]:
     if blocking:
         raise SetupError("\n".join(str(f) for f in blocking))
     done: list[str] = []
-    with psycopg.connect(config.source.dsn, autocommit=True) as conn:
+    # Reach the state database before creating anything, and create the slot last: a slot left behind
+    # by a failed setup would hold WAL on the source for good.
+    try:
+        state = psycopg.connect(config.state_dsn, connect_timeout=10)
+    except psycopg.OperationalError as exc:
+        raise SetupError(f"ERROR   state: cannot connect: {redact(str(exc)).strip()}") from exc
+    with state, psycopg.connect(config.source.dsn, autocommit=True) as conn:
         pub = config.source.publication
         published = catalog.publication_tables(conn, pub)
         tables = [sql.Identifier(t.schema_name, t.table_name) for t in config.tables]
@@ -109,10 +115,9 @@ def setup(config: PipelineConfig) -> list[str]:
                 conn.execute(sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(
                     sql.Identifier(pub), sql.SQL(", ").join(missing)))
                 done.append(f"added {len(missing)} table(s) to publication {pub}")
+        if ensure_schema(state, config.state.schema_name):
+            done.append(f"created state schema {config.state.schema_name}")
         if catalog.slot_info(conn, config.source.slot) is None:
             conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (config.source.slot,))
             done.append(f"created replication slot {config.source.slot}")
-    with psycopg.connect(config.state_dsn) as state:
-        if ensure_schema(state, config.state.schema_name):
-            done.append(f"created state schema {config.state.schema_name}")
     return done

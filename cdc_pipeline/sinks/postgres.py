@@ -91,18 +91,23 @@ class PostgresSink(Sink):
         assert self.conn is not None
         results: list[str | None] = []
         failed: set[str] = set()
+        failed_any = False
         for m in batch:
             if m.group is not None and m.group in failed:
                 results.append("held behind an earlier failed message of its group")
                 continue
             try:
                 with self.conn.transaction():
-                    self._apply_in_tx([m])
+                    # Past a failure the destination must not record a position beyond it: a crash before
+                    # the state database parks it would otherwise resume after it and lose it. Replaying
+                    # the later successes instead is harmless (same messages, same order).
+                    self._apply_in_tx([m], record_position=not failed_any)
                 results.append(None)
             except psycopg.Error as exc:
                 if isinstance(exc, _TRANSIENT):
                     raise
                 results.append(f"{type(exc).__name__}: {str(exc).strip()[:500]}")
+                failed_any = True
                 if m.group is not None:
                     failed.add(m.group)
         self.conn.commit()
@@ -113,7 +118,7 @@ class PostgresSink(Sink):
         with self.conn.transaction():
             self._apply_in_tx(batch)
 
-    def _apply_in_tx(self, batch: Sequence[OutboundMessage]) -> None:
+    def _apply_in_tx(self, batch: Sequence[OutboundMessage], record_position: bool = True) -> None:
         assert self.conn is not None
         conn = self.conn
         conn.execute("TRUNCATE _cdc_stage")
@@ -128,6 +133,8 @@ class PostgresSink(Sink):
             self._append()
         else:
             self._mirror(len(batch))
+        if not record_position:
+            return
         conn.execute(sql.SQL(
             "INSERT INTO {}.offsets AS o (sink, commit_lsn, commit_idx) VALUES (%s, %s, %s) "
             "ON CONFLICT (sink) DO UPDATE SET commit_lsn = excluded.commit_lsn, commit_idx = excluded.commit_idx, "

@@ -150,6 +150,20 @@ def test_source_with_wal_level_replica(verb: str, replica_cluster: embedded.Embe
     assert created(dest.dsn) == []
 
 
+def test_unreachable_state_database_leaves_no_slot(source_db: Database, tmp_path: Path) -> None:
+    """setup reaches the state database before it creates anything in the source: a slot left behind by
+    a failed setup would hold the source's WAL for good."""
+    source_db.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    data = mirror_config(source_db.dsn, source_db.dsn, ["public.t"])
+    data["state"] = {"dsn": source_db.dsn.replace(f"dbname={source_db.name}", "dbname=cdc_no_such_database")}
+    path = write(tmp_path / "cdc.yaml", data)
+    rc, out, err = run(path, "setup")
+    assert rc != 0
+    line = one_line(err)
+    assert "state" in line and "cdc_no_such_database" in line and "does not exist" in line, line
+    assert created(source_db.dsn) == []
+
+
 def test_nothing_was_left_half_done_then_setup_works(source_db: Database, tmp_path: Path) -> None:
     """After the failures above are fixed, the same config sets up cleanly (the failures left no debris
     that would make setup or check trip later)."""

@@ -76,3 +76,32 @@ def test_max_retries_discards_and_lists(source_db, db_factory, write_config, spa
     assert '"discarded"' in capsys.readouterr().out
     rows = dict(dest.execute("SELECT id, balance FROM mirror.acct"))
     assert rows[6] == 1 and rows[7] == 0
+
+
+def test_crash_before_parking_loses_nothing(source_db, db_factory, write_config, spark, monkeypatch):
+    """The sink applied the good messages one by one and rejected key 7; the process dies before the state
+    database records the parked message. The restart must not resume past it."""
+    import pytest
+
+    from cdc_pipeline.state.store import Store
+
+    dest = db_factory()
+    config = _prepare(source_db, dest, write_config)
+    source_db.execute("INSERT INTO acct SELECT g, 0 FROM generate_series(1, 10) g")
+    drain(config)
+    deliver(config, spark)  # the inserts, all fine
+    source_db.execute("UPDATE acct SET balance = 1")  # key 7 fails here; keys 8-10 succeed after it
+    drain(config)
+    with monkeypatch.context() as m:
+        def crash(*args: object, **kwargs: object) -> None:
+            raise SystemExit("killed before the state commit")  # a fault that cannot be timed for real
+
+        m.setattr(Store, "park", crash)
+        with pytest.raises(SystemExit):
+            deliver(config, spark)
+    assert _parked(config) == []
+    deliver(config, spark)  # the restart
+    parked = _parked(config)
+    assert len(parked) == 1 and parked[0][2] == "parked"
+    rows = dict(dest.execute("SELECT id, balance FROM mirror.acct"))
+    assert rows[7] == 0 and all(v == 1 for k, v in rows.items() if k != 7)

@@ -117,9 +117,9 @@ def test_defaults() -> None:
     assert cfg.state_dsn == "postgresql://localhost/shop"  # defaults to the source database
     assert cfg.spark == SparkConfig(master="local[*]", conf={})
     assert cfg.drain == DrainConfig(
-        tick_seconds=20, heartbeat_seconds=5, batch_rows=20000, batch_ms=500, idle_seconds=2
+        tick_seconds=20, heartbeat_seconds=5, batch_rows=20000, batch_ms=200, idle_seconds=2
     )
-    assert cfg.delivery == DeliveryConfig(batch_size=20000, idle_seconds=2, lag_trigger_messages=1)
+    assert cfg.delivery == DeliveryConfig(batch_size=20000, idle_seconds=0.25, lag_trigger_messages=1)
     assert cfg.backfill == BackfillConfig(
         max_query_ms=5000,
         max_page_size=50000,
