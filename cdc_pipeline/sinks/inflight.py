@@ -7,8 +7,14 @@ confirm) sinks, which differ only in how an acknowledgement maps back to a messa
 
 from __future__ import annotations
 
+import abc
 import asyncio
+import threading
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
+from typing import Any
+
+from cdc_pipeline.sinks.base import EventLoopThread, OutboundMessage, Sink, SinkUnavailable, hold_back
 
 PENDING = "\x00pending"  # placeholder result; never returned (compared by identity)
 
@@ -50,3 +56,35 @@ class InFlight:
         """Results, with messages never settled reported as `unsettled` (or the loss)."""
         why = f"not delivered: {self.lost}" if self.lost is not None else unsettled
         return [why if r is PENDING else r for r in self.results]
+
+
+class PipelinedSink(Sink):
+    """A sink whose asyncio client publishes a batch ahead of its acknowledgements on a private loop."""
+
+    kind: str  # for messages: "nats", "rabbitmq"
+    _runner: EventLoopThread | None
+
+    def __init__(self) -> None:
+        self._runner = None
+        self._lock = threading.Lock()  # one deliver() at a time: acks are matched to the batch in flight
+
+    @abc.abstractmethod
+    def _usable(self) -> bool:
+        """Whether the connection can take a batch (else deliver reconnects first)."""
+
+    @abc.abstractmethod
+    def _publish(self, batch: Sequence[OutboundMessage]) -> Coroutine[Any, Any, tuple[list[str | None], str | None]]:
+        """Publish; returns per-message results and why the connection was lost (None if it was not)."""
+
+    def deliver(self, batch: Sequence[OutboundMessage]) -> list[str | None]:
+        if not batch:
+            return []
+        with self._lock:
+            if not self._usable():
+                self.close()
+                self.open()
+            assert self._runner is not None
+            results, lost = self._runner.run(self._publish(batch))
+        if lost is not None and not any(r is None for r in results):
+            raise SinkUnavailable(f"{self.kind} sink {self.name!r}: {lost}")
+        return hold_back(batch, results)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -38,14 +37,12 @@ from cdc_pipeline.sinks.base import (
     HELD_NOT_SENT,
     EventLoopThread,
     OutboundMessage,
-    Sink,
     SinkConfigError,
     SinkConfigLike,
     SinkUnavailable,
-    hold_back,
     safe_endpoint,
 )
-from cdc_pipeline.sinks.inflight import PENDING, InFlight
+from cdc_pipeline.sinks.inflight import PENDING, InFlight, PipelinedSink
 
 log = logging.getLogger(__name__)
 
@@ -63,20 +60,21 @@ class _Batch(InFlight):
     subjects: list[str] = field(default_factory=list)
 
 
-class NatsSink(Sink):
+class NatsSink(PipelinedSink):
+    kind = "nats"
+
     def __init__(self, sink_config: SinkConfigLike) -> None:
+        super().__init__()
         dest = sink_config.destination
         self.name = sink_config.name
         self.url: str = dest.url
         self.subject: str = dest.subject
         self.stream: str = dest.stream
         self.ack_timeout_s: float = dest.ack_timeout_ms / 1000
-        self._runner: EventLoopThread | None = None
         self._nc: NatsClient | None = None
         self._inbox = ""
         self._generation = 0
         self._batch: _Batch | None = None
-        self._lock = threading.Lock()  # one deliver() at a time: acks are matched to the batch in flight
 
     # -- lifecycle --------------------------------------------------------------------------------
     def open(self) -> None:
@@ -151,18 +149,8 @@ class NatsSink(Sink):
                                   f"(stream {self.stream!r} exists with other subjects)") from exc
 
     # -- delivery ---------------------------------------------------------------------------------
-    def deliver(self, batch: Sequence[OutboundMessage]) -> list[str | None]:
-        if not batch:
-            return []
-        with self._lock:
-            if self._nc is None or not self._nc.is_connected:
-                self.close()
-                self.open()
-            assert self._runner is not None
-            results, lost = self._runner.run(self._publish(batch))
-        if lost is not None and not any(r is None for r in results):
-            raise SinkUnavailable(f"nats sink {self.name!r}: {lost}")
-        return hold_back(batch, results)
+    def _usable(self) -> bool:
+        return self._nc is not None and self._nc.is_connected
 
     async def _publish(self, batch: Sequence[OutboundMessage]) -> tuple[list[str | None], str | None]:
         """Publish the batch; returns the results and why the connection was lost (if it was)."""

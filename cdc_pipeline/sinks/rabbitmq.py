@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -37,14 +36,12 @@ from cdc_pipeline.sinks.base import (
     HELD_NOT_SENT,
     EventLoopThread,
     OutboundMessage,
-    Sink,
     SinkConfigError,
     SinkConfigLike,
     SinkUnavailable,
-    hold_back,
     safe_endpoint,
 )
-from cdc_pipeline.sinks.inflight import PENDING, InFlight
+from cdc_pipeline.sinks.inflight import PENDING, InFlight, PipelinedSink
 
 log = logging.getLogger(__name__)
 
@@ -66,22 +63,23 @@ class _Batch(InFlight):
     by_key: dict[str, deque[int]] | None = None  # built on the first Basic.Return
 
 
-class RabbitMQSink(Sink):
+class RabbitMQSink(PipelinedSink):
+    kind = "rabbitmq"
+
     def __init__(self, sink_config: SinkConfigLike) -> None:
+        super().__init__()
         dest = sink_config.destination
         self.name = sink_config.name
         self.url: str = dest.url
         self.exchange: str = dest.exchange
         self.exchange_type: str = dest.exchange_type
         self.routing_key: str = dest.routing_key
-        self._runner: EventLoopThread | None = None
         self._conn: AsyncioConnection | None = None
         self._channel: Channel | None = None
         self._rpc: asyncio.Future[Any] | None = None  # the channel/connection RPC being awaited
         self._closed: asyncio.Future[None] | None = None
         self._next_tag = 0
         self._batch: _Batch | None = None
-        self._lock = threading.Lock()
 
     # -- lifecycle --------------------------------------------------------------------------------
     def open(self) -> None:
@@ -193,19 +191,6 @@ class RabbitMQSink(Sink):
             self._batch.lose(why)
 
     # -- delivery ---------------------------------------------------------------------------------
-    def deliver(self, batch: Sequence[OutboundMessage]) -> list[str | None]:
-        if not batch:
-            return []
-        with self._lock:
-            if not self._usable():
-                self.close()
-                self.open()
-            assert self._runner is not None
-            results, lost = self._runner.run(self._publish(batch))
-        if lost is not None and not any(r is None for r in results):
-            raise SinkUnavailable(f"rabbitmq sink {self.name!r}: {lost}")
-        return hold_back(batch, results)
-
     async def _publish(self, batch: Sequence[OutboundMessage]) -> tuple[list[str | None], str | None]:
         channel = self._channel
         assert channel is not None
