@@ -8,6 +8,7 @@ import logging
 import signal
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from cdc_pipeline.backfill.cli import add_parser as add_backfill_parser
 from cdc_pipeline.config import ConfigError, PipelineConfig, load_config, redact
@@ -132,6 +133,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="path to cdc.yaml (default: $CDC_CONFIG)")
     p.add_argument("-v", "--verbose", action="store_true")
     sub = p.add_subparsers(dest="verb", required=True)
+    # `--config` also after the verb (`cdc-pipeline check --config F`); SUPPRESS keeps an absent one from
+    # overwriting a `--config` given before the verb.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", default=argparse.SUPPRESS, help="path to cdc.yaml (default: $CDC_CONFIG)")
+    add = sub.add_parser
+
+    def add_parser(name: str, **kw: Any) -> argparse.ArgumentParser:
+        return add(name, parents=[common, *kw.pop("parents", [])], **kw)
+
+    sub.add_parser = add_parser  # type: ignore[method-assign]
     sub.add_parser("check", help="check config and source readiness").set_defaults(fn=cmd_check)
     sub.add_parser("setup", help="create publication, slot and state schema (idempotent)").set_defaults(fn=cmd_setup)
     d = sub.add_parser("drain", help="stream the replication slot into the change log")

@@ -179,3 +179,19 @@ def test_nothing_was_left_half_done_then_setup_works(source_db: Database, tmp_pa
     assert rc == 0, out + err
     assert out.strip().splitlines()[-1].startswith("OK"), out
 
+
+
+@pytest.mark.parametrize("where", ["before the verb", "after the verb", "environment"])
+def test_config_path_before_or_after_the_verb_or_from_the_environment(where: str, source_db: Database,
+                                                                       tmp_path: Path) -> None:
+    import os
+
+    data = mirror_config(source_db.dsn, source_db.dsn, ["public.t"])
+    data["sinks"][0]["destination"]["tabel"] = "x.y"
+    path = write(tmp_path / "cdc.yaml", data)
+    args = {"before the verb": ["--config", str(path), "check"], "after the verb": ["check", "--config", str(path)],
+            "environment": ["check"]}[where]
+    env = dict(os.environ, CDC_CONFIG=str(path)) if where == "environment" else None
+    proc = subprocess.run([CLI, *args], capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 2
+    assert str(path) in proc.stderr and "unknown key 'tabel'" in proc.stderr
