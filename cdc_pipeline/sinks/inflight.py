@@ -69,6 +69,19 @@ class PipelinedSink(Sink):
         self._lock = threading.Lock()  # one deliver() at a time: acks are matched to the batch in flight
 
     @abc.abstractmethod
+    def _connect(self) -> Coroutine[Any, Any, None]:
+        """Connect and declare what the destination needs; raises SinkUnavailable when unreachable."""
+
+    def open(self) -> None:
+        if self._runner is None:
+            self._runner = EventLoopThread(f"{self.kind}-sink-{self.name}")
+        try:
+            self._runner.run(self._connect())
+        except BaseException:
+            self.close()
+            raise
+
+    @abc.abstractmethod
     def _usable(self) -> bool:
         """Whether the connection can take a batch (else deliver reconnects first)."""
 

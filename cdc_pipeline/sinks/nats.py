@@ -35,7 +35,6 @@ from nats.aio.msg import Msg
 
 from cdc_pipeline.sinks.base import (
     HELD_NOT_SENT,
-    EventLoopThread,
     OutboundMessage,
     SinkConfigError,
     SinkConfigLike,
@@ -77,16 +76,6 @@ class NatsSink(PipelinedSink):
         self._batch: _Batch | None = None
 
     # -- lifecycle --------------------------------------------------------------------------------
-    def open(self) -> None:
-        if self._runner is None:
-            self._runner = EventLoopThread(f"nats-sink-{self.name}")
-        try:
-            self._runner.run(self._connect())
-            self._runner.run(self._ensure_stream())
-        except BaseException:
-            self.close()
-            raise
-
     def close(self) -> None:
         if self._runner is not None:
             if self._nc is not None:
@@ -121,6 +110,7 @@ class NatsSink(PipelinedSink):
         self._nc = nc
         self._inbox = nc.new_inbox()
         await nc.subscribe(f"{self._inbox}.>", cb=self._on_ack)
+        await self._ensure_stream()
 
     async def _ensure_stream(self) -> None:
         assert self._nc is not None

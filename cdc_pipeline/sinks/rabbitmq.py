@@ -34,7 +34,6 @@ from pika.channel import Channel
 
 from cdc_pipeline.sinks.base import (
     HELD_NOT_SENT,
-    EventLoopThread,
     OutboundMessage,
     SinkConfigError,
     SinkConfigLike,
@@ -82,15 +81,6 @@ class RabbitMQSink(PipelinedSink):
         self._batch: _Batch | None = None
 
     # -- lifecycle --------------------------------------------------------------------------------
-    def open(self) -> None:
-        if self._runner is None:
-            self._runner = EventLoopThread(f"rabbitmq-sink-{self.name}")
-        try:
-            self._runner.run(self._connect())
-        except BaseException:
-            self.close()
-            raise
-
     def close(self) -> None:
         if self._runner is not None:
             try:
