@@ -348,8 +348,9 @@ class Backfiller:
         try:
             if not state.closed and state.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
                 self.store.record_error(state, backfill_id, error[:2000])
-        except psycopg.Error:
-            pass  # the state database is what failed: nothing to record it in
+        except psycopg.Error as exc:  # the state database is what failed: nothing to record it in
+            log.warning("backfill %s failed (%s) and the error could not be recorded: %s",
+                        backfill_id, error[:200], type(exc).__name__)
 
     def _run(self, src: psycopg.Connection, state: psycopg.Connection, shape: TableShape, progress: Progress,
              started: float) -> None:

@@ -209,13 +209,11 @@ def join_writers(writers: list[Writer]) -> dict[int, int]:
 # --------------------------------------------------------------------------------------------------
 
 
-class SlotWatch(threading.Thread):
-    """Samples (confirmed_flush_lsn C, committed_lsn, log rows with commit_lsn < C) while the drain dies."""
+class Watcher(threading.Thread):
+    """A background check running while processes are killed; the test thread re-raises its error."""
 
-    def __init__(self, config: PipelineConfig) -> None:
-        super().__init__(name="slot-watch", daemon=True)
-        self.config = config
-        self.samples: list[tuple[int, int, int]] = []
+    def __init__(self, name: str) -> None:
+        super().__init__(name=name, daemon=True)
         self.violations: list[str] = []
         self.error: BaseException | None = None
         self._halt = threading.Event()
@@ -225,6 +223,15 @@ class SlotWatch(threading.Thread):
         self.join(timeout=30)
         if self.error:
             raise self.error
+
+
+class SlotWatch(Watcher):
+    """Samples (confirmed_flush_lsn C, committed_lsn, log rows with commit_lsn < C) while the drain dies."""
+
+    def __init__(self, config: PipelineConfig) -> None:
+        super().__init__("slot-watch")
+        self.config = config
+        self.samples: list[tuple[int, int, int]] = []
 
     def run(self) -> None:
         slot = self.config.source.slot
@@ -264,25 +271,16 @@ class SlotWatch(threading.Thread):
         assert not late, f"acknowledged transactions missing from the log at the time: {late[:5]}"
 
 
-class MirrorWatch(threading.Thread):
+class MirrorWatch(Watcher):
     """Polls the mirror: a key's `ver` never decreases, and a key that vanished never comes back with
     the version it had (that would be an old message applied again)."""
 
     QUERIES = {"acct": "SELECT id::text, ver FROM mirror.acct", "evt": "SELECT k, ver FROM mirror.evt"}
 
     def __init__(self, dsn: str) -> None:
-        super().__init__(name="mirror-watch", daemon=True)
+        super().__init__("mirror-watch")
         self.dsn = dsn
         self.polls = 0
-        self.violations: list[str] = []
-        self.error: BaseException | None = None
-        self._halt = threading.Event()
-
-    def stop(self) -> None:
-        self._halt.set()
-        self.join(timeout=30)
-        if self.error:
-            raise self.error
 
     def run(self) -> None:
         seen: dict[tuple[str, str], int] = {}
