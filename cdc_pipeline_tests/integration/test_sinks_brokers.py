@@ -71,6 +71,16 @@ def messages(n: int, groups: int = 5, route: str | None = None, start: int = 0) 
     return out
 
 
+def outage_and_recovery(sink: Any, proxy: TcpProxy) -> None:
+    """Deliver, cut the broker (nothing can be attempted: SinkUnavailable), restore it, deliver again."""
+    assert sink.deliver(messages(10)) == [None] * 10
+    proxy.stop()
+    with pytest.raises(SinkUnavailable):
+        sink.deliver(messages(10, start=10))
+    proxy.start()
+    assert sink.deliver(messages(10, start=10)) == [None] * 10
+
+
 @pytest.fixture
 def proxy_factory() -> Iterator[Any]:
     made: list[TcpProxy] = []
@@ -164,12 +174,7 @@ def test_redis_outage_and_recovery(rdb: redis.Redis, proxy_factory: Any) -> None
     proxy = proxy_factory(REDIS_PORT)
     with build_sink(sink_config(RedisStreamDestination(url=f"redis://127.0.0.1:{proxy.port}/0",
                                                        stream_key=key))) as sink:
-        assert sink.deliver(messages(10)) == [None] * 10
-        proxy.stop()
-        with pytest.raises(SinkUnavailable):
-            sink.deliver(messages(10, start=10))
-        proxy.start()
-        assert sink.deliver(messages(10, start=10)) == [None] * 10
+        outage_and_recovery(sink, proxy)
     assert [f[b"key"].decode() for _, f in rdb.xrange(key)] == [m.key for m in messages(20)]
 
 
@@ -317,12 +322,7 @@ def test_nats_outage_and_recovery(jetstream: tuple[str, str], proxy_factory: Any
     proxy = proxy_factory(NATS_PORT)
     with build_sink(sink_config(NatsDestination(url=f"nats://127.0.0.1:{proxy.port}", subject=subject,
                                                 stream=stream))) as sink:
-        assert sink.deliver(messages(10)) == [None] * 10
-        proxy.stop()
-        with pytest.raises(SinkUnavailable):
-            sink.deliver(messages(10, start=10))
-        proxy.start()
-        assert sink.deliver(messages(10, start=10)) == [None] * 10
+        outage_and_recovery(sink, proxy)
     assert [h["Nats-Msg-Id"] for _, h, _ in nats_read(stream)] == [m.key for m in messages(20)]
 
 
@@ -433,12 +433,7 @@ def test_rabbitmq_outage_and_recovery(rabbit: Rabbit, proxy_factory: Any) -> Non
     proxy = proxy_factory(AMQP_PORT)
     dest = RabbitMQDestination(url=f"amqp://guest:guest@127.0.0.1:{proxy.port}/%2F", exchange=exchange)
     with build_sink(sink_config(dest)) as sink:
-        assert sink.deliver(messages(10)) == [None] * 10
-        proxy.stop()
-        with pytest.raises(SinkUnavailable):
-            sink.deliver(messages(10, start=10))
-        proxy.start()
-        assert sink.deliver(messages(10, start=10)) == [None] * 10
+        outage_and_recovery(sink, proxy)
     assert [p.message_id for _, p, _ in rabbit.drain(queue)] == [m.key for m in messages(20)]
 
 
