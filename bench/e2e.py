@@ -3,7 +3,7 @@
 
     .venv/bin/python bench/e2e.py [--backlog 500000] [--rate 2000] [--seconds 60] [--wait-quiet S]
                                   [--no-durable] [--keep]
-                                  [--drain-batch-ms MS] [--idle-seconds S] [--batch-size N]
+                                  [--drain-batch-ms MS] [--idle-seconds S] [--batch-size N] [--dagster] [--run-minutes M]
 
 1. Sustained throughput: with delivery warm and the drain stopped, a backlog of inserts and updates
    (1,000-row transactions) is committed; then the drain starts. Reported: changes/s from the drain's
@@ -12,6 +12,10 @@
    10 updates). Lag of a change = commit time of the mirror transaction that first reflects it (a
    trigger on the mirror logs each row write with its xid; `track_commit_timestamp = on` gives the
    commit time) minus the source transaction's commit time (from the change log). One cluster, one clock.
+
+With --dagster: instead of the CLI processes, `dagster dev` on the project's workspace (default config,
+sensors on, Postgres storage in the same cluster) drains and delivers through its long-lived runs; the
+lag phase (2.) is measured the same way, with the runs launched and the slowest sensor evaluation.
 """
 
 from __future__ import annotations
@@ -23,10 +27,7 @@ import signal
 import statistics
 import sys
 import tempfile
-import threading
 import time
-from bisect import bisect_left
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -43,95 +44,18 @@ from bench._common import (  # noqa: E402 - runnable as a script
     wait_quiet,
     write_config,
 )
+from bench._lag import (  # noqa: E402 - runnable as a script
+    log_head,
+    measure_lag,
+    sink_position,
+    table_digest,
+    wait_until,
+)
 
 DDL = """
 CREATE TABLE orders (id bigint PRIMARY KEY, account integer NOT NULL, amount numeric(12,2) NOT NULL,
                      status text NOT NULL, ver bigint NOT NULL, updated_at timestamptz NOT NULL DEFAULT now())
 """
-LAG_DDL = """
-CREATE TABLE IF NOT EXISTS public.bench_lag (id bigint, ver bigint, xid bigint);
-CREATE OR REPLACE FUNCTION public.bench_lag_log() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN INSERT INTO public.bench_lag VALUES (NEW.id, NEW.ver, txid_current() % 4294967296); RETURN NULL; END $$;
-CREATE TRIGGER bench_lag AFTER INSERT OR UPDATE ON mirror.orders FOR EACH ROW EXECUTE FUNCTION public.bench_lag_log();
-"""
-
-
-def sink_position(state: psycopg.Connection) -> tuple[tuple[int, int], int]:
-    row = state.execute("SELECT commit_lsn, commit_idx, delivered FROM cdc_pipeline.sink_offsets "
-                        "WHERE sink = 'mirror'").fetchone()
-    return ((int(row[0]), int(row[1])), int(row[2])) if row else ((0, -1), 0)
-
-
-def log_head(state: psycopg.Connection) -> tuple[tuple[int, int], int]:
-    row = state.execute("SELECT commit_lsn, commit_idx FROM cdc_pipeline.change_log "
-                        "ORDER BY commit_lsn DESC, commit_idx DESC LIMIT 1").fetchone()
-    count = state.execute("SELECT count(*) FROM cdc_pipeline.change_log").fetchone()
-    assert count is not None
-    return ((int(row[0]), int(row[1])) if row else (0, -1)), int(count[0])
-
-
-def wait_until(predicate: Any, timeout: float, what: str, step: float = 0.05) -> float:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        time.sleep(step)
-    return time.monotonic()
-
-
-def table_digest(dsn: str, name: str) -> tuple[int, str]:
-    with psycopg.connect(dsn) as conn:
-        row = conn.execute(f"SELECT count(*), md5(coalesce(string_agg(t::text, ',' ORDER BY id), '')) "
-                           f"FROM {name} t").fetchone()
-        assert row is not None
-        return int(row[0]), str(row[1])
-
-
-class OfferedLoad(threading.Thread):
-    """`rate` changes/s as 100 transactions/s (half inserts of new ids, half updates of existing ids)."""
-
-    def __init__(self, dsn: str, rate: int, seconds: float, first_id: int, ver: int) -> None:
-        super().__init__(daemon=True)
-        self.dsn, self.rate, self.seconds = dsn, rate, seconds
-        self.next_id, self.ver, self.existing = first_id, ver, first_id - 1
-        self.changes = 0
-        self.behind = 0.0
-        self.error: BaseException | None = None
-        self.start()
-
-    def run(self) -> None:
-        try:
-            per_txn = max(2, self.rate // 100)
-            inserts = per_txn // 2
-            interval = per_txn / self.rate
-            import random
-
-            rng = random.Random(7)
-            with psycopg.connect(self.dsn, autocommit=True) as conn:
-                started = time.monotonic()
-                n = 0
-                while time.monotonic() - started < self.seconds:
-                    due = started + n * interval
-                    delay = due - time.monotonic()
-                    if delay > 0:
-                        time.sleep(delay)
-                    else:
-                        self.behind = max(self.behind, -delay)
-                    ids = list(range(self.next_id, self.next_id + inserts))
-                    self.next_id += inserts
-                    upd = rng.sample(range(1, self.existing), per_txn - inserts)
-                    self.ver += 1
-                    with conn.transaction():
-                        conn.execute("INSERT INTO orders (id, account, amount, status, ver) "
-                                     "SELECT i, i %% 1000, 10.5, 'new', %s FROM unnest(%s::bigint[]) i", (self.ver, ids))
-                        conn.execute("UPDATE orders SET ver = %s, amount = amount + 1, status = 'paid', "
-                                     "updated_at = now() WHERE id = ANY(%s)", (self.ver, upd))
-                    self.changes += per_txn
-                    n += 1
-        except BaseException as exc:
-            self.error = exc
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--backlog", type=int, default=500_000)
@@ -145,6 +69,12 @@ def main() -> None:
                     help="before each phase, wait up to S seconds for other work to leave the CPUs idle")
     ap.add_argument("--no-durable", action="store_true", help="fsync=off etc. on the bench cluster")
     ap.add_argument("--keep", action="store_true", help="keep the cluster and logs afterwards")
+    ap.add_argument("--run-minutes", type=float, default=None,
+                    help="drain.run_minutes and delivery.run_minutes (default: the config's); short values "
+                         "show the handover between long-lived runs under load")
+    ap.add_argument("--dagster", action="store_true",
+                    help="drain and deliver through `dagster dev` (its sensors and long-lived runs) instead of "
+                         "the CLI processes; measures the lag phase and the runs launched")
     args = ap.parse_args()
 
     durable = not args.no_durable
@@ -162,6 +92,8 @@ def main() -> None:
         if args.drain_batch_ms:
             drain_cfg["batch_ms"] = args.drain_batch_ms
         delivery_cfg: dict[str, Any] = {}
+        if args.run_minutes:
+            drain_cfg["run_minutes"] = delivery_cfg["run_minutes"] = args.run_minutes
         if args.idle_seconds:
             delivery_cfg["idle_seconds"] = args.idle_seconds
         if args.batch_size:
@@ -183,6 +115,11 @@ def main() -> None:
               f"delivery.idle_seconds={config.delivery.idle_seconds}, delivery.batch_size={config.delivery.batch_size}, "
               f"spark {args.spark_master}")
         run_cli(cfg, "setup")
+        if args.dagster:
+            from bench._dagster import run_through_dagster
+
+            run_through_dagster(cluster, cfg, config.state_dsn, args.rate, args.seconds, args.wait_quiet, work)
+            return
 
         # Warm up: delivery's JVM started, mirror table created by the sink.
         deliver = spawn(cfg, "deliver", "--seconds", "100000", log=work / "deliver.log")
@@ -242,42 +179,7 @@ def main() -> None:
               f"{steady:,.0f}/s delivery between 10% and 90%; mirror equals source: {equal}")
 
         # 2. Lag at the offered load.
-        with psycopg.connect(dst, autocommit=True) as conn:
-            conn.execute(LAG_DDL)
-        head, _ = log_head(state)
-        if args.wait_quiet:
-            print(f"CPUs {100 * wait_quiet(args.wait_quiet):.0f}% busy before phase 2")
-        load = OfferedLoad(src, args.rate, args.seconds, first_id=11 + half, ver=10)
-        load.join()
-        if load.error:
-            raise load.error
-        with psycopg.connect(src, autocommit=True) as conn:
-            end_lsn = conn.execute("SELECT (pg_current_wal_lsn() - '0/0')::bigint").fetchone()[0]  # type: ignore[index]
-
-        def logged() -> bool:
-            row = state.execute("SELECT committed_lsn FROM cdc_pipeline.slot_progress").fetchone()
-            return bool(row and row[0] >= end_lsn)
-
-        wait_until(logged, 600, "the drain to catch up")
-        last, _ = log_head(state)
-        wait_until(lambda: sink_position(state)[0] >= last, 600, "the mirror to catch up")
-        changes = state.execute(
-            "SELECT (pk::jsonb->>0)::bigint, (record->>'ver')::bigint, extract(epoch FROM commit_ts) "
-            "FROM cdc_pipeline.change_log WHERE (commit_lsn, commit_idx) > (%s, %s)", head).fetchall()
-        with psycopg.connect(dst, autocommit=True) as conn:
-            writes = conn.execute("SELECT id, ver, extract(epoch FROM pg_xact_commit_timestamp(xid::text::xid)) "
-                                  "FROM public.bench_lag").fetchall()
-        by_id: dict[int, list[tuple[int, float]]] = defaultdict(list)
-        for i, v, ts in writes:
-            by_id[i].append((v, float(ts)))
-        lags: list[float] = []
-        for i, v, ts in changes:
-            seen = sorted(by_id.get(i, []))
-            k = bisect_left(seen, (v, float("-inf")))
-            if k == len(seen):
-                raise AssertionError(f"change of id {i} ver {v} never reached the mirror")
-            lags.append(min(t for _, t in seen[k:]) - float(ts))
-        lags.sort()
+        lags, load = measure_lag(src, dst, state, args.rate, args.seconds, 11 + half, args.wait_quiet)
         q = statistics.quantiles(lags, n=100)
         p50, p95, p99 = q[49], q[94], q[98]
         print(f"offered {load.changes / args.seconds:,.0f} changes/s for {args.seconds:.0f} s (generator at most "

@@ -42,7 +42,8 @@ def cmd_drain(args: argparse.Namespace) -> int:
     _stop_on_signals(drain.stop)
     stats = drain.run(seconds=args.seconds, until_idle=args.until_idle)
     print(f"drained {stats.changes} changes in {stats.transactions} transactions in {stats.seconds:.1f} s "
-          f"({stats.rate:.0f} changes/s); confirmed LSN {stats.committed_lsn}")
+          f"({stats.rate:.0f} changes/s); confirmed LSN {stats.committed_lsn}; {stats.sessions} replication "
+          f"sessions, {stats.retries} retries")
     return 0
 
 
@@ -114,6 +115,17 @@ def cmd_failed(args: argparse.Namespace) -> int:
     return 0 if n or args.all else 1
 
 
+def cmd_api_sync(args: argparse.Namespace) -> int:
+    from cdc_pipeline.api_sync.loop import ApiSync
+
+    sync = ApiSync(_config(args), source=args.source)
+    _stop_on_signals(sync.stop)
+    for name, stats in sync.run(until_idle=args.until_idle, seconds=args.seconds).items():
+        print(f"api source {name}: {stats.records} records written, {stats.deleted} deleted, "
+              f"{stats.requests} requests in {stats.seconds:.1f} s ({', '.join(stats.collections) or 'no collections'})")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from cdc_pipeline.demo import run_demo
 
@@ -167,6 +179,11 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--json", action="store_true")
     f.set_defaults(fn=cmd_failed)
     add_backfill_parser(sub)
+    a = sub.add_parser("api-sync", help="backfill and keep syncing API sources into Postgres tables")
+    a.add_argument("--source", help="one API source (default: all)")
+    a.add_argument("--until-idle", action="store_true", help="stop once every collection has caught up")
+    a.add_argument("--seconds", type=float, default=None, help="stop after this long")
+    a.set_defaults(fn=cmd_api_sync)
     m = sub.add_parser("demo", help="embedded Postgres + sample load + pipeline + Dagster UI")
     m.add_argument("--port", type=int, default=3000)
     m.add_argument("--seconds", type=float, default=None, help="stop after this long (default: until Ctrl-C)")

@@ -1,30 +1,32 @@
 """`cdc-pipeline demo`: the whole pipeline on an embedded PostgreSQL, with the Dagster UI.
 
-Starts a throwaway cluster (wal_level=logical) under /tmp, creates sample tables with a small write
-load, writes a cdc.yaml, runs setup, and starts `dagster dev` whose drain sensor streams the slot and
-launches delivery runs into a mirror database. Stops what it started on Ctrl-C (or after --seconds).
+Starts a throwaway cluster (wal_level=logical) under /tmp, creates sample tables (orders with a few
+days of history) and a small steady write load, writes a cdc.yaml (orders partitioned by day on
+`updated_at`), runs setup, and starts `dagster dev`: its sensors keep a long-lived drain run and a
+long-lived delivery run streaming into a mirror database. In the UI: the lineage (source tables ->
+change log -> sink), live lag on the change log and the sink (materializations and lag checks every
+few seconds), and the daily partitions of `cdc/snapshot/public/orders` to backfill. Stops what it
+started on Ctrl-C (or after --seconds).
 """
 
 from __future__ import annotations
 
 import os
 import random
-import signal
-import subprocess
-import sys
 import threading
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import psycopg
 import yaml
 
 from cdc_pipeline.config import load_config
+from cdc_pipeline.dagster_dev import DagsterDev
 from cdc_pipeline.postgres import embedded
 from cdc_pipeline.setup import setup
 
 DEMO_ROOT = Path(os.environ.get("CDC_DEMO_DIR", "/tmp/cdc_pipeline_demo"))
-PROJECT = Path(__file__).resolve().parents[1]
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS customers (id bigint PRIMARY KEY, name text NOT NULL, tier text NOT NULL,
@@ -33,7 +35,13 @@ CREATE TABLE IF NOT EXISTS orders (id bigserial PRIMARY KEY, customer_id bigint 
     amount numeric(12,2) NOT NULL, updated_at timestamptz NOT NULL DEFAULT now());
 INSERT INTO customers SELECT g, 'customer ' || g, (ARRAY['free','pro','enterprise'])[1 + g % 3], now()
     FROM generate_series(1, 1000) g ON CONFLICT DO NOTHING;
+-- A few days of history, so the daily partitions have something to backfill.
+INSERT INTO orders (customer_id, status, amount, updated_at)
+    SELECT 1 + g % 1000, (ARRAY['paid','shipped','refunded'])[1 + g % 3], (g % 500) + 0.99,
+           now() - make_interval(secs => g * 86400.0 * %(days)s / 5000)
+    FROM generate_series(1, 5000) g WHERE NOT EXISTS (SELECT 1 FROM orders);
 """
+HISTORY_DAYS = 4
 
 
 def _load(dsn: str, stop: threading.Event, per_second: float = 20.0) -> None:
@@ -59,12 +67,14 @@ def prepare() -> tuple[embedded.EmbeddedPostgres, Path]:
     for db in ("demo", "demo_mirror", "dagster"):
         cluster.create_database(db)
     with psycopg.connect(cluster.dsn("demo"), autocommit=True) as conn:
-        conn.execute(SCHEMA)
+        conn.execute(SCHEMA.replace("%(days)s", str(HISTORY_DAYS)))
+    first_day = (datetime.now(UTC) - timedelta(days=HISTORY_DAYS + 1)).date().isoformat()
     cfg = {
         "source": {"dsn": cluster.dsn("demo"), "slot": "cdc_demo", "publication": "cdc_demo"},
         "spark": {"master": "local[2]"},
-        "drain": {"tick_seconds": 10, "heartbeat_seconds": 5},
-        "tables": [{"name": "public.customers"}, {"name": "public.orders", "sort_column": "updated_at"}],
+        "tables": [{"name": "public.customers"},
+                   {"name": "public.orders", "sort_column": "updated_at",
+                    "partitions": {"kind": "daily", "start": first_day}}],
         "sinks": [{"name": "orders_mirror", "tables": ["public.customers", "public.orders"],
                    "destination": {"type": "postgres", "dsn": cluster.dsn("demo_mirror"),
                                    "table": "mirror.{table}", "mode": "mirror"}}],
@@ -81,40 +91,40 @@ def run_demo(port: int = 3000, seconds: float | None = None, ui: bool = True) ->
     stop = threading.Event()
     loader = threading.Thread(target=_load, args=(cluster.dsn("demo"), stop), daemon=True)
     loader.start()
-    home = DEMO_ROOT / "dagster_home"
-    home.mkdir(parents=True, exist_ok=True)
-    (home / "dagster.yaml").write_text((PROJECT / "dagster.yaml").read_text())
-    env = dict(os.environ, CDC_CONFIG=str(config_path), DAGSTER_HOME=str(home),
-               DAGSTER_PG_URL=cluster.url("dagster"))
-    proc = None
+    dev = DagsterDev(DEMO_ROOT / "dagster_home", config_path, cluster.dsn("dagster"), port=port, log=None)
     try:
         if ui:
-            # Default signal handling in the child, and its own process group so we can stop all of it.
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "dagster", "dev", "-w", str(PROJECT / "workspace.yaml"),
-                 "-h", "127.0.0.1", "-p", str(port)], cwd=PROJECT, env=env, start_new_session=True,
-                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-            print(f"Dagster UI: http://127.0.0.1:{port}  (Ctrl-C stops the demo)")
-            print(f"config: {config_path}; mirror: {cluster.dsn('demo_mirror')}")
+            dev.start()  # default signal handling in the child, its own process group: stopped by its id
+            print(GUIDE.format(port=port, config=config_path, mirror=cluster.dsn("demo_mirror")), flush=True)
         else:
             _pipeline_loop(config_path, stop)
         deadline = None if seconds is None else time.monotonic() + seconds
         while deadline is None or time.monotonic() < deadline:
-            if proc is not None and proc.poll() is not None:
-                return proc.returncode or 1
+            if dev.proc is not None and dev.proc.poll() is not None:
+                return dev.proc.returncode or 1
             time.sleep(1)
     except KeyboardInterrupt:
         pass
     finally:
         stop.set()
-        if proc is not None and proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        dev.stop()
         cluster.stop()
     return 0
+
+
+GUIDE = """
+Dagster UI: http://127.0.0.1:{port}   (Ctrl-C stops the demo)
+  Lineage:   Assets > "View global asset lineage": source/public/* -> cdc/change_log -> sink/orders_mirror,
+             and cdc/snapshot/public/orders (the backfill) feeding the sink.
+  Live lag:  Runs: one cdc_drain run and one deliver_orders_mirror run stream (started by the sensors within
+             ~30 s). Assets > sink/orders_mirror: lag_seconds / throughput every few seconds; Checks tab:
+             lag_below_max. cdc/change_log: slot_lag_below_max.
+  Backfill:  Assets > cdc/snapshot/public/orders > Materialize > pick one or more daily partitions (the
+             last {days} days have history) > Launch. Progress is in the run's logs; rows reach the mirror
+             as read messages without stale reads.
+config: {config}
+mirror: {mirror}  (psql "{mirror}" -c 'select count(*) from mirror.orders')
+""".replace("{days}", str(HISTORY_DAYS))
 
 
 def _pipeline_loop(config_path: Path, stop: threading.Event) -> None:

@@ -9,76 +9,82 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
-from psycopg import sql
 
 from cdc_pipeline.config import PipelineConfig
 from cdc_pipeline.postgres import catalog
+from cdc_pipeline.state import stats
 from cdc_pipeline.state.schema import schema_exists
 from cdc_pipeline.state.store import Store
 
 
 def collect(config: PipelineConfig) -> dict[str, Any]:
     out: dict[str, Any] = {"slot": None, "log": None, "sinks": {}}
+    schema = config.state.schema_name
     with psycopg.connect(config.source.dsn, autocommit=True) as src:
         slot = catalog.slot_info(src, config.source.slot)
     with psycopg.connect(config.state_dsn, autocommit=True) as conn:
-        if not schema_exists(conn, config.state.schema_name):
+        if not schema_exists(conn, schema):
             out["error"] = "state schema missing: run `cdc-pipeline setup`"
             return out
-        s = sql.Identifier(config.state.schema_name)
-        progress = conn.execute(sql.SQL(
-            "SELECT committed_lsn, last_commit_ts, last_heartbeat_at, "
-            "extract(epoch FROM now() - last_heartbeat_at)::float8 FROM {}.slot_progress WHERE slot = %s"
-        ).format(s), (config.source.slot,)).fetchone()
+        progress = stats.drain_progress(conn, schema, config.source.slot)
         if slot is not None:
             lag_bytes = int(slot["lag_bytes"] or 0)
+            age = progress["heartbeat_age_seconds"] if progress else None
             out["slot"] = {
                 "name": config.source.slot, "active": slot["active"],
                 "confirmed_flush_lsn": slot["confirmed_flush_lsn"],
                 "lag_bytes": lag_bytes, "retained_bytes": int(slot["retained_bytes"] or 0),
                 # No WAL waiting means no lag, however long ago the last heartbeat was.
-                "lag_seconds": round(progress[3], 3) if progress and progress[3] is not None and lag_bytes > 0
-                else 0.0,
-                "last_heartbeat_at": progress[2].isoformat() if progress and progress[2] else None,
+                "lag_seconds": round(age, 3) if age is not None and lag_bytes > 0 else 0.0,
+                "last_heartbeat_at": progress["last_heartbeat_at"].isoformat()
+                if progress and progress["last_heartbeat_at"] else None,
             }
-        row = conn.execute(sql.SQL(
-            "SELECT count(*), (SELECT pg_total_relation_size(c.oid) FROM pg_class c JOIN pg_namespace n "
-            "ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = 'change_log'), max(commit_lsn) "
-            "FROM {}.change_log"
-        ).format(s), (config.state.schema_name,)).fetchone()
-        assert row is not None
-        out["log"] = {"messages": int(row[0]), "bytes": int(row[1]), "head_lsn": row[2]}
-        store = Store(config.state.schema_name)
+        out["log"] = stats.log_stats(conn, schema)
+        store = Store(schema)
         for sink in config.sinks:
-            offset = conn.execute(sql.SQL(
-                "SELECT commit_lsn, commit_idx, delivered, filtered, updated_at FROM {}.sink_offsets WHERE sink = %s"
-            ).format(s), (sink.name,)).fetchone()
-            pos = (int(offset[0]), int(offset[1])) if offset else (0, -1)
-            failed = store.failed_summary(conn, sink.name)
+            offset = stats.sink_offset_row(conn, schema, sink.name)
+            pos = offset["position"] if offset else (0, -1)
             out["sinks"][sink.name] = {
                 "offset": f"{pos[0]}:{pos[1]}",
                 "lag_messages": store.count_after(conn, sink.tables, pos, sink=sink.name),
-                "delivered": int(offset[2]) if offset else 0,
-                "filtered": int(offset[3]) if offset else 0,
-                **failed,
-                "updated_at": offset[4].isoformat() if offset else None,
+                "delivered": offset["delivered"] if offset else 0,
+                "filtered": offset["filtered"] if offset else 0,
+                **store.failed_summary(conn, sink.name),
+                "updated_at": offset["updated_at"].isoformat() if offset else None,
             }
-        out["backfills"], out["backfills_text"] = _backfills(config, conn)
+        out["backfills"], out["backfills_text"] = _backfills(config, conn, slot)
+        if config.api_sources:
+            from cdc_pipeline.api_sync import lag
+
+            out["api_sync"] = lag.collect(config, conn)
     return out
 
 
-def _backfills(config: PipelineConfig, conn: psycopg.Connection) -> tuple[list[dict[str, Any]], list[str]]:
-    """Active backfills with progress and checkpoints, and those that finished in the last day."""
-    from cdc_pipeline.backfill.cli import describe
+def _backfills(config: PipelineConfig, conn: psycopg.Connection,
+               slot: dict[str, object] | None) -> tuple[list[dict[str, Any]], list[str]]:
+    """Active backfills with progress and checkpoints, and those that finished in the last day. An active
+    backfill whose staged pages wait while no process consumes the slot says so, with the fix."""
+    from cdc_pipeline.backfill.progress import describe_backfill, no_drain_warning
     from cdc_pipeline.backfill.state import ACTIVE, BackfillStore
 
-    found = conn.execute("SELECT to_regclass(format('%%I.backfills', %s::text))", (config.state.schema_name,)).fetchone()
-    if not found or found[0] is None:
-        return [], []  # state schema from before backfills: `cdc-pipeline setup` adds them
+    if not stats.has_backfills(conn, config.state.schema_name):
+        return [], []
     day_ago = datetime.now(UTC) - timedelta(days=1)
-    infos = [i for i in BackfillStore(config.state.schema_name).list(conn, limit=20)
+    store = BackfillStore(config.state.schema_name)
+    infos = [i for i in store.list(conn, limit=20)
              if i.status in ACTIVE or (i.finished_at is not None and i.finished_at > day_ago)]
-    return [i.as_dict() for i in infos], ["backfill " + describe(i) for i in infos]
+    consumed = bool(slot and slot["active"])
+    drain_locked: bool | None = None
+    dicts, text = [], []
+    for info in infos:
+        warning = ""
+        if info.status in ACTIVE and info.pages_staged and not consumed:
+            if drain_locked is None:
+                drain_locked = store.drain_running(conn, config.source.slot)
+            warning = no_drain_warning(config.source.slot, info.pages_staged, None, slot is not None, drain_locked)
+        dicts.append({**info.as_dict(), "drain_warning": warning})
+        text.append("backfill " + describe_backfill(info, warning))
+    return dicts, text
 
 
 def render(status: dict[str, Any]) -> str:
@@ -88,7 +94,8 @@ def render(status: dict[str, Any]) -> str:
     slot = status["slot"]
     if slot:
         lines.append(f"slot {slot['name']}: lag {slot['lag_bytes']} bytes, {slot['lag_seconds']} s; "
-                     f"confirmed {slot['confirmed_flush_lsn']}; last heartbeat {slot['last_heartbeat_at']}")
+                     f"confirmed {slot['confirmed_flush_lsn']}; last heartbeat {slot['last_heartbeat_at']}"
+                     + ("" if slot["active"] else "; no process is consuming it (no drain running)"))
     else:
         lines.append("slot: missing (run `cdc-pipeline setup`)")
     log = status["log"]
@@ -98,4 +105,8 @@ def render(status: dict[str, Any]) -> str:
                      f"{s['delivered']}, parked {s['parked']}, discarded {s['discarded']}")
     for line in status.get("backfills_text", []):
         lines.append(line)
+    if status.get("api_sync"):
+        from cdc_pipeline.api_sync import lag
+
+        lines += lag.render(status["api_sync"])
     return "\n".join(lines)

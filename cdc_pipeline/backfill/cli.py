@@ -69,6 +69,7 @@ def _manage(config: PipelineConfig, args: argparse.Namespace) -> int:
     import psycopg
 
     from cdc_pipeline.backfill.engine import Backfiller, BackfillRequest
+    from cdc_pipeline.backfill.progress import describe_backfill
     from cdc_pipeline.backfill.state import BackfillError, BackfillStore
 
     store = BackfillStore(config.state.schema_name)
@@ -80,7 +81,7 @@ def _manage(config: PipelineConfig, args: argparse.Namespace) -> int:
             elif not items:
                 print("no active backfills" + ("" if args.all else " (--all shows finished ones)"))
             for info in [] if args.json else items:
-                print(describe(info))
+                print(describe_backfill(info))
             return 0
         if args.target == "pause":
             store.set_status(conn, args.id, "paused")
@@ -170,23 +171,3 @@ def _printer(args: argparse.Namespace) -> Any:
 
     return show
 
-
-def describe(info: BackfillInfo) -> str:
-    """One line per backfill, for `backfill list` and `status`."""
-    window = ""
-    if info.sort_column:
-        window = f" by {info.sort_column}"
-        if info.start is not None:
-            window += f" from {info.start}"
-        if info.end is not None:
-            window += f" to {info.end}"
-    state = info.status
-    if info.status in ("running", "paused"):
-        state += " (process alive)" if info.alive else " (no process: resume it)"
-    percent = f" {info.percent}%" if info.percent is not None else ""
-    head = f"{info.id} {info.table}{window} -> {', '.join(info.sinks)}: {state}{percent}"
-    if info.checkpoint_at is None:
-        return f"{head}; no page checkpointed yet, {info.pages_staged} pages in flight"
-    return (f"{head}; {info.pages} pages checkpointed, {info.rows_read} rows read, {info.rows_dropped} dropped as "
-            f"stale, {info.pages_staged} pages in flight; cursor {info.cursor}; checkpoint at "
-            f"{info.checkpoint_at:%Y-%m-%d %H:%M:%S}")

@@ -20,6 +20,9 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
+from cdc_pipeline.backfill.windows import disjoint
+from cdc_pipeline.postgres import session
+
 ACTIVE = ("running", "paused")
 FINISHED = ("completed", "cancelled")
 
@@ -152,13 +155,16 @@ class BackfillStore:
 
     # -- creation ---------------------------------------------------------------------------------
     def claim(self, conn: psycopg.Connection, spec: BackfillSpec, primary_key: Sequence[str],
-              keyset: Sequence[str], origin: str, estimated_rows: int | None) -> tuple[str, bool]:
+              keyset: Sequence[str], origin: str, estimated_rows: int | None,
+              max_parallel: int = 1) -> tuple[str, bool]:
         """Create the backfill, or take over the active one with the same spec whose runner is gone.
 
         Returns (id, resumed). On success this session holds the backfill's runner lock until it
         closes (or calls :meth:`release`). Raises BackfillConflict when an active backfill of another
-        spec shares a sink, or the same one is being run by a live process. ``conn`` must be in
-        autocommit mode.
+        spec shares a sink, or the same one is being run by a live process. Windows of one sort column
+        that do not overlap (Dagster partitions) may run side by side, up to ``max_parallel`` per table
+        and sink: each reads its own rows, and reconciliation keeps every read at its own high
+        watermark, so no read goes back behind a change. ``conn`` must be in autocommit mode.
         """
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"cdc_pipeline.backfill.table:{spec.table}",))
@@ -168,6 +174,10 @@ class BackfillStore:
                 "AND status IN ('running', 'paused') AND sinks && %s ORDER BY created_at"
             ).format(s=self.s, alive=lock_held_sql(sql.SQL("'cdc_pipeline.backfill:' || id"))),
                 (spec.schema_name, spec.table_name, list(spec.sinks))).fetchall()
+            side_by_side = [r for r in rows if r[1] != spec.identity
+                            and disjoint(spec, BackfillSpec(spec.table, tuple(r[2]), r[7], r[8], r[9]))]
+            if len(side_by_side) == len(rows) and len(rows) < max_parallel:
+                rows = []  # every active one is another window: this one runs beside them
             for bid, identity, sinks, status, pages, rows_read, estimate, sort, start, end, alive in rows:
                 if identity == spec.identity and not alive:
                     got = conn.execute("SELECT pg_try_advisory_lock(hashtext(%s))", (runner_lock_key(bid),)).fetchone()
@@ -190,7 +200,8 @@ class BackfillStore:
                             f"{bid}` or drop it with `cdc-pipeline backfill cancel {bid}`")
                 raise BackfillConflict(
                     f"backfill {bid} ({other.describe()}, {status}, {progress}) is already active for "
-                    f"{spec.table} -> sink {', '.join(shared)}: one backfill per table and sink at a time; {hint}",
+                    f"{spec.table} -> sink {', '.join(shared)}: one backfill per table and sink at a time (or up to "
+                    f"backfill.max_parallel={max_parallel} windows that do not overlap); {hint}",
                     alive=alive)
             bid = f"bf_{uuid.uuid4().hex[:12]}"
             conn.execute(sql.SQL(
@@ -297,6 +308,5 @@ class BackfillStore:
                 (backfill_id,)).fetchall()
 
     def drain_running(self, conn: psycopg.Connection, slot: str) -> bool:
-        row = conn.execute(sql.SQL("SELECT {}").format(lock_held_sql(sql.Literal(f"cdc_pipeline.drain:{slot}")))
-                           ).fetchone()
+        row = conn.execute(f"SELECT {session.lock_holder_sql()}", (f"cdc_pipeline.drain:{slot}",)).fetchone()
         return bool(row and row[0])

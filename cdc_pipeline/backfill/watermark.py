@@ -108,12 +108,3 @@ class Snapshot:
             ranges.append((0, hi))
         return exact, ranges
 
-
-def widen(xid32: int, near: int) -> int:
-    """The xid8 whose low 32 bits are ``xid32``, closest to the xid8 ``near`` (within 2^31)."""
-    base = near - (near % XID32) + xid32
-    if base - near > XID32 // 2:
-        base -= XID32
-    elif near - base > XID32 // 2:
-        base += XID32
-    return base

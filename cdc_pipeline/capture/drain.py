@@ -2,11 +2,17 @@
 
 Order of events for every batch of source transactions:
   1. rows are COPYed into the change log inside one open state-DB transaction (a huge source
-     transaction streams through in chunks, so memory stays bounded);
+     transaction streams through in chunks bounded by rows and bytes, so memory stays bounded);
   2. at a source COMMIT boundary the state transaction commits, together with the slot progress row;
   3. only then is the commit's end LSN reported to the server as flushed.
 A crash anywhere before 3 replays from the slot; transactions the log already holds (their commit LSN is
 below the recorded progress) are skipped on replay, so nothing is lost or written twice.
+
+The run is supervised: a lost connection (replication, source, state database) ends the session, drops
+what was not committed and starts a new one after a capped, jittered backoff; only permanent failures
+(capture/faults.py) and gaps under ``drain.on_gap: stop`` (capture/gap.py) end the run with an error.
+While the loop is busy (a long reconciliation, a slow commit), a status keeper thread reports the last
+flushed position so the server never times the stream out.
 """
 
 from __future__ import annotations
@@ -22,20 +28,32 @@ from datetime import datetime
 import psycopg
 from psycopg import sql
 
-from cdc_pipeline.capture.changes import LOG_COLUMNS, LogRow, RelationShape, row_change, truncate_row
+from cdc_pipeline.capture import faults, gap
+from cdc_pipeline.capture.changes import RelationShape, row_change, truncate_row
+from cdc_pipeline.capture.logwriter import LogWriter
 from cdc_pipeline.capture.reconcile import watermark_hooks
-from cdc_pipeline.config import PipelineConfig
-from cdc_pipeline.postgres import catalog, pgoutput
-from cdc_pipeline.postgres.replication import Keepalive, ReplicationStream, XLogData
+from cdc_pipeline.capture.relations import learn_relation
+from cdc_pipeline.config import PipelineConfig, redact
+from cdc_pipeline.delivery.backoff import next_delay_ms
+from cdc_pipeline.postgres import pgoutput, session
+from cdc_pipeline.postgres.replication import Keepalive, ReplicationStream, XLogData, status_interval
+from cdc_pipeline.postgres.session import SESSION_OPTIONS as SESSION_OPTIONS  # re-exported
 from cdc_pipeline.state.store import Store
 
 log = logging.getLogger(__name__)
 
+APP_NAME = "cdc_pipeline.drain"
 HEARTBEAT_PREFIX = "cdc_pipeline.heartbeat"
 PROBE_PREFIX = "cdc_pipeline.probe"
-# Sessions that read or write record JSON must agree on how values print (see capture/json_text.py).
-SESSION_OPTIONS = "-c TimeZone=UTC -c DateStyle=ISO,YMD -c IntervalStyle=postgres"
 COPY_CHUNK = 5000
+# The state session may run a page reconciliation (one statement over a large page): generous, but a
+# hung call still ends. The source session only emits messages and reads the catalog.
+STATE_STATEMENT_TIMEOUT_MS = 15 * 60 * 1000
+STATE_LOCK_TIMEOUT_MS = 60 * 1000
+SOURCE_STATEMENT_TIMEOUT_MS = 60 * 1000
+SLOT_BUSY_GRACE_S = 3.0
+# A just-stopped drain frees its lock when the server has seen it go; a new one waits that long first.
+START_LOCK_GRACE_SECONDS = 5.0
 
 # A hook for logical messages with a given prefix (backfill watermarks): called with the message, its
 # position (commit_lsn, commit_idx) and the state connection inside the drain's open transaction, after
@@ -52,6 +70,10 @@ class DrainStats:
     committed_lsn: int = 0
     seconds: float = 0.0
     heartbeats: int = 0
+    sessions: int = 0  # replication sessions started (1 + reconnects)
+    retries: int = 0
+    last_error: str | None = None
+    gaps: list[str] = field(default_factory=list)
     extra: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -65,71 +87,171 @@ class Drain:
         self.schema = sql.Identifier(config.state.schema_name)
         # Backfill watermarks are always reconciled (capture/reconcile.py); callers may add hooks.
         self.hooks: dict[str, MessageHook] = {**watermark_hooks(config), **(message_hooks or {})}
+        self.writer = LogWriter(config.state.schema_name, config.source.slot, COPY_CHUNK, config.drain.batch_bytes)
+        self.gaps = gap.GapBackfills(config)
         self._shapes: dict[int, RelationShape] = {}
-        self._rows: list[LogRow] = []
         self._stop = threading.Event()
+        self._streamed = False  # a replication session of this process got going at least once
+        self._phase = "starting"
 
     def stop(self) -> None:
         self._stop.set()
+        self.gaps.signal_stop()
 
-    # -- the loop ---------------------------------------------------------------------------------
+    # -- the supervised run -----------------------------------------------------------------------
     def run(self, seconds: float | None = None, until_idle: bool = False) -> DrainStats:
+        """Stream until stopped, idle (``until_idle``) or ``seconds`` have passed *and* the stream has
+        caught up with the server's position at its start; ride through lost connections."""
         cfg = self.config
         stats = DrainStats()
         started = time.monotonic()
-        state = psycopg.connect(cfg.state_dsn, options=SESSION_OPTIONS)
-        source = psycopg.connect(cfg.source.dsn, autocommit=True, options=SESSION_OPTIONS)
+        deadline = started + seconds if seconds is not None else None
+        attempt = 0
+        busy_since: float | None = None
+        try:
+            while True:
+                before, began = stats.committed_lsn, time.monotonic()
+                try:
+                    self._session(stats, deadline, until_idle)
+                    return stats
+                except Exception as exc:
+                    self.writer.discard()
+                    self._shapes.clear()
+                    # A slot busy at start may be a killed predecessor's walsender not gone yet: wait a
+                    # moment, quietly, before calling it another consumer.
+                    if faults.sqlstate(exc) == "55006" and not self._streamed:
+                        busy_since = busy_since or time.monotonic()
+                        if time.monotonic() - busy_since < SLOT_BUSY_GRACE_S:
+                            log.info("drain: slot busy (%s); trying again", exc)
+                            if self._stop.wait(0.2):
+                                return stats
+                            continue
+                    fix = faults.permanent(exc, cfg.source.slot, cfg.source.publication, self._streamed)
+                    if fix is not None:
+                        if isinstance(exc, faults.DrainFatal):
+                            raise
+                        raise faults.DrainFatal(redact(fix)) from exc
+                    if not faults.transient(exc):
+                        raise
+                    if self._stop.is_set():
+                        return stats
+                    # A session that got somewhere starts the backoff over.
+                    progressed = stats.committed_lsn > before or time.monotonic() - began > 60
+                    attempt = 1 if progressed else attempt + 1
+                    delay = next_delay_ms(attempt, cfg.drain.retry_initial_ms, cfg.drain.retry_max_ms) / 1000
+                    if deadline is not None and time.monotonic() + delay >= deadline:
+                        raise  # a time-limited run (a sensor tick) ends with the error; the next one retries
+                    cause = redact(" ".join(f"{type(exc).__name__}: {exc}".split()))
+                    stats.retries += 1
+                    stats.last_error = cause
+                    log.warning("drain: lost while %s: %s; retry %d in %.1f s, waiting for %s", self._phase, cause,
+                                attempt, delay, faults.WAITING_FOR.get(self._phase, "the databases"))
+                    if self._stop.wait(delay):
+                        return stats
+        finally:
+            stats.seconds = time.monotonic() - started
+            self.gaps.stop()
+
+    def _session(self, stats: DrainStats, deadline: float | None, until_idle: bool) -> None:
+        cfg = self.config
+        self._phase = "connecting to the state database"
+        state = session.connect(cfg.state_dsn, durable=True, statement_timeout_ms=STATE_STATEMENT_TIMEOUT_MS,
+                                lock_timeout_ms=STATE_LOCK_TIMEOUT_MS, application_name=APP_NAME)
+        source: psycopg.Connection | None = None
+        stream: ReplicationStream | None = None
         try:
             # One drain per slot: the server allows one consumer per slot anyway; the lock makes the
             # second drain fail fast with a clear message instead of a replication error.
-            got = state.execute("SELECT pg_try_advisory_lock(hashtext(%s))",
-                                (f"cdc_pipeline.drain:{cfg.source.slot}",)).fetchone()
+            self._phase = "taking the drain lock"
+            # The grace is for a first start only; after a reconnect a held lock is most likely our own
+            # old session not yet timed out, so it is waited for with the logged backoff instead.
+            grace = 0.0 if self._streamed else START_LOCK_GRACE_SECONDS
+            if not _lock_within(state, f"cdc_pipeline.drain:{cfg.source.slot}", grace):
+                if self._streamed:
+                    raise faults.LockStillHeld(f"the drain lock for slot {cfg.source.slot!r} is still held")
+                raise faults.DrainFatal(f"another drain is already running for slot {cfg.source.slot!r}")
             state.commit()
-            if not (got and got[0]):
-                raise RuntimeError(f"another drain is already running for slot {cfg.source.slot!r}")
-            committed = self._load_progress(state)
-            stats.committed_lsn = committed
-            stream = ReplicationStream(
-                _with_options(cfg.source.dsn), cfg.source.slot, cfg.source.publication, committed
-            )
-            try:
-                self._loop(stream, state, source, stats, started, seconds, until_idle)
-            finally:
-                stream.close()
+            self._phase = "connecting to the source database"
+            source = session.connect(cfg.source.dsn, autocommit=True, application_name=APP_NAME,
+                                     statement_timeout_ms=SOURCE_STATEMENT_TIMEOUT_MS)
+            committed = self._prepare(source, state, stats)
+            self._phase = "starting replication"
+            stream = ReplicationStream(cfg.source.dsn, cfg.source.slot, cfg.source.publication, committed)
+            self._streamed = True
+            stats.sessions += 1
+            stream.keep_alive(status_interval(source, cfg.drain.status_interval_seconds))
+            self.gaps.start(state)
+            self._phase = "streaming"
+            self._loop(stream, state, source, stats, committed, deadline, until_idle)
             if cfg.state.retention_hours:
                 stats.extra["retention_deleted"] = Store(cfg.state.schema_name).apply_retention(
                     state, cfg.state.retention_hours, [s.name for s in cfg.sinks])
                 state.commit()
         finally:
-            stats.seconds = time.monotonic() - started
-            state.close()
-            source.close()
-        return stats
+            stats.extra["copies"] = self.writer.copies
+            if stream is not None:
+                stream.close()
+            for conn in (state, source):
+                if conn is not None:
+                    conn.close()
 
+    def _prepare(self, source: psycopg.Connection, state: psycopg.Connection, stats: DrainStats) -> int:
+        """Check the slot and publication, find gaps; returns the position to stream from."""
+        cfg = self.config
+        slot = source.execute("SELECT (confirmed_flush_lsn - '0/0')::bigint, wal_status FROM pg_replication_slots "
+                              "WHERE slot_name = %s", (cfg.source.slot,)).fetchone()
+        if slot is None:
+            raise faults.DrainFatal(faults.slot_gone(cfg.source.slot))
+        if slot[1] == "lost":
+            raise faults.DrainFatal(faults.slot_lost(cfg.source.slot))
+        if not source.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (cfg.source.publication,)).fetchone():
+            raise faults.DrainFatal(faults.publication_gone(cfg.source.publication))
+        recorded = self.writer.load_progress(state)
+        confirmed = int(slot[0] or 0)
+        if recorded is None or recorded >= confirmed:
+            stats.committed_lsn = max(stats.committed_lsn, recorded or 0)
+            return recorded or 0
+        found = gap.Gap(recorded, confirmed, tuple(t.qualified for t in cfg.tables))
+        if cfg.drain.on_gap == "stop":
+            raise faults.DrainFatal(gap.stop_message(cfg, found))
+        tables = gap.record(cfg, source, found)
+        log.warning("drain: gap in the change log (%s): accepted the slot's position and backfilling %s",
+                    found.describe(), ", ".join(tables) or "nothing (no sink receives those tables)")
+        stats.gaps.append(found.describe())
+        stats.committed_lsn = confirmed
+        return confirmed
+
+    # -- the loop ---------------------------------------------------------------------------------
     def _loop(self, stream: ReplicationStream, state: psycopg.Connection, source: psycopg.Connection,
-              stats: DrainStats, started: float, seconds: float | None, until_idle: bool) -> None:
+              stats: DrainStats, committed: int, deadline: float | None, until_idle: bool) -> None:
         cfg = self.config.drain
-        committed = stats.committed_lsn
-        in_txn = False
-        skipping = False
+        writer = self.writer
+        in_txn = skipping = idle = False
         lsn = idx = xid = 0
         ts: datetime | None = None
         pending_end = 0  # end LSN of the last complete transaction not yet committed to the log
         pending_since = 0.0
         pending_changes = 0
+        hooked = False  # a hook wrote in this batch: commit at its transaction's end (its row locks go)
         last_heartbeat = 0.0
         probe: str | None = None
         changes_since_probe = 0
-        idle = False
+        # A time limit may end the run only once the stream has reached the server's position at the
+        # start of this session (the first heartbeat): a transaction longer than the limit to re-read
+        # would otherwise never complete.
+        target: int | None = None
+        caught_up = False
         decode = pgoutput.decode
 
         while True:
             now = time.monotonic()
             if not in_txn:
-                if self._stop.is_set() or idle or (seconds is not None and now - started >= seconds):
+                limit = deadline is not None and now >= deadline and caught_up
+                if self._stop.is_set() or idle or limit:
                     break
                 if now - last_heartbeat >= cfg.heartbeat_seconds:
-                    self._emit(source, HEARTBEAT_PREFIX, "")
+                    at = self._emit(source, HEARTBEAT_PREFIX, "")
+                    target = at if target is None else target
                     last_heartbeat = now
                 if until_idle and probe is None:
                     probe = uuid.uuid4().hex
@@ -137,6 +259,7 @@ class Drain:
                     self._emit(source, PROBE_PREFIX, probe)
             for frame in stream.frames(timeout=min(0.2, cfg.batch_ms / 1000)):
                 if isinstance(frame, Keepalive):
+                    caught_up = caught_up or (target is not None and frame.wal_end >= target)
                     if frame.reply_requested:
                         stream.send_status(committed)
                     continue
@@ -148,6 +271,7 @@ class Drain:
                     skipping = lsn < committed  # the log already holds this transaction
                 elif isinstance(msg, pgoutput.Commit):
                     in_txn = False
+                    caught_up = caught_up or (target is not None and msg.end_lsn >= target)
                     if skipping:
                         stats.skipped_transactions += 1
                         skipping = False
@@ -156,26 +280,27 @@ class Drain:
                     if pending_end == 0:
                         pending_since = time.monotonic()
                     pending_end = msg.end_lsn
-                    if (pending_changes >= cfg.batch_rows
+                    if (pending_changes >= cfg.batch_rows or hooked
                             or time.monotonic() - pending_since >= cfg.batch_ms / 1000):
-                        committed = self._commit(state, stream, pending_end, ts)
+                        committed = self._commit(state, stream, stats, pending_end, ts)
                         pending_end = pending_changes = 0
+                        hooked = False
                     break  # back to the outer loop to check stop conditions between transactions
+                elif isinstance(msg, pgoutput.Relation):
+                    # Before the skip: the server sends a relation once per session, so one inside a
+                    # skipped transaction still describes the changes of the transactions after it.
+                    self._relation(msg, source, state, write=not skipping)
                 elif skipping:
                     continue
                 elif isinstance(msg, (pgoutput.Insert, pgoutput.Update, pgoutput.Delete)):
-                    self._rows.append(row_change(self._shapes[msg.relation_id], msg, lsn, idx, xid, ts))
+                    writer.add(row_change(self._shapes[msg.relation_id], msg, lsn, idx, xid, ts), state)
                     idx += 1
                     pending_changes += 1
                     stats.changes += 1
                     changes_since_probe += 1
-                    if len(self._rows) >= COPY_CHUNK:
-                        self._copy(state)
-                elif isinstance(msg, pgoutput.Relation):
-                    self._relation(msg, source, state)
                 elif isinstance(msg, pgoutput.Truncate):
                     for rid in msg.relation_ids:
-                        self._rows.append(truncate_row(self._shapes[rid], lsn, idx, xid, ts))
+                        writer.add(truncate_row(self._shapes[rid], lsn, idx, xid, ts), state)
                         idx += 1
                         pending_changes += 1
                         stats.changes += 1
@@ -185,88 +310,51 @@ class Drain:
                         stats.heartbeats += 1
                     elif prefix == PROBE_PREFIX:
                         if msg.content.decode() == probe:
-                            idle = changes_since_probe == 0
+                            # Idle: nothing new since the probe, and no gap backfill still needs this drain.
+                            idle = changes_since_probe == 0 and not self.gaps.running()
                             probe = None
                     elif prefix in self.hooks:
-                        self._copy(state)  # hooks see the log up to this point
+                        writer.flush(state)  # hooks see the log up to this point
                         used = self.hooks[prefix](msg, lsn, idx, state)
+                        hooked = True
                         idx += used
                         stats.changes += used
             if not in_txn and pending_end and (
                 pending_changes >= cfg.batch_rows or time.monotonic() - pending_since >= cfg.batch_ms / 1000
                 or idle or self._stop.is_set()
             ):
-                committed = self._commit(state, stream, pending_end, ts)
+                committed = self._commit(state, stream, stats, pending_end, ts)
                 pending_end = pending_changes = 0
         if pending_end:
-            committed = self._commit(state, stream, pending_end, ts)
-        stats.committed_lsn = committed
+            committed = self._commit(state, stream, stats, pending_end, ts)
+        stats.committed_lsn = max(stats.committed_lsn, committed)
 
     # -- state writes -----------------------------------------------------------------------------
-    def _copy(self, state: psycopg.Connection) -> None:
-        if not self._rows:
-            return
-        stmt = sql.SQL("COPY {}.change_log ({}) FROM STDIN").format(
-            self.schema, sql.SQL(", ").join(map(sql.Identifier, LOG_COLUMNS))
-        )
-        with state.cursor() as cur, cur.copy(stmt) as copy:
-            for row in self._rows:
-                copy.write_row(row)
-        self._rows.clear()
-
-    def _commit(self, state: psycopg.Connection, stream: ReplicationStream, end_lsn: int,
+    def _commit(self, state: psycopg.Connection, stream: ReplicationStream, stats: DrainStats, end_lsn: int,
                 ts: datetime | None) -> int:
-        self._copy(state)
-        state.execute(
-            sql.SQL(
-                "INSERT INTO {}.slot_progress AS p (slot, committed_lsn, last_commit_ts, last_heartbeat_at, "
-                "updated_at) VALUES (%s, %s, %s, now(), now()) ON CONFLICT (slot) DO UPDATE SET "
-                "committed_lsn = excluded.committed_lsn, last_commit_ts = excluded.last_commit_ts, "
-                "last_heartbeat_at = now(), updated_at = now()"
-            ).format(self.schema),
-            (self.config.source.slot, end_lsn, ts),
-        )
-        state.commit()
+        self.writer.commit(state, end_lsn, ts)
+        stats.committed_lsn = end_lsn
         # Only now may the server forget these transactions.
         stream.send_status(end_lsn)
         return end_lsn
 
-    def _load_progress(self, state: psycopg.Connection) -> int:
-        row = state.execute(
-            sql.SQL("SELECT committed_lsn FROM {}.slot_progress WHERE slot = %s").format(self.schema),
-            (self.config.source.slot,),
-        ).fetchone()
-        state.commit()
-        return int(row[0]) if row else 0
-
-    def _relation(self, rel: pgoutput.Relation, source: psycopg.Connection, state: psycopg.Connection) -> None:
-        info = catalog.describe_table(source, rel.namespace, rel.name)
-        pk = info.primary_key if info else None
-        self._shapes[rel.relation_id] = RelationShape.from_relation(rel, pk)
-        columns = [{"name": c.name, "type_oid": c.type_oid, "key": bool(c.flags & 1),
-                    "type_sql": _type_sql(info, c.name)} for c in rel.columns]
-        state.execute(
-            sql.SQL(
-                "INSERT INTO {}.relations (table_schema, table_name, relation_id, replica_identity, columns, "
-                "primary_key, updated_at) VALUES (%s, %s, %s, %s, %s, %s, now()) "
-                "ON CONFLICT (table_schema, table_name) DO UPDATE SET relation_id = excluded.relation_id, "
-                "replica_identity = excluded.replica_identity, columns = excluded.columns, "
-                "primary_key = excluded.primary_key, updated_at = now()"
-            ).format(self.schema),
-            (rel.namespace, rel.name, rel.relation_id, rel.replica_identity,
-             psycopg.types.json.Jsonb(columns), list(pk or [])),
-        )
+    def _relation(self, rel: pgoutput.Relation, source: psycopg.Connection, state: psycopg.Connection,
+                  write: bool) -> None:
+        self._shapes[rel.relation_id] = learn_relation(rel, source, state, self.config.state.schema_name, write)
 
     @staticmethod
-    def _emit(source: psycopg.Connection, prefix: str, content: str) -> None:
-        source.execute("SELECT pg_logical_emit_message(true, %s, %s)", (prefix, content))
+    def _emit(source: psycopg.Connection, prefix: str, content: str) -> int:
+        row = source.execute("SELECT (pg_logical_emit_message(true, %s, %s) - '0/0')::bigint",
+                             (prefix, content)).fetchone()
+        return int(row[0]) if row else 0
 
 
-def _type_sql(info: catalog.TableInfo | None, column: str) -> str | None:
-    if info is None:
-        return None
-    return next((c.type_sql for c in info.columns if c.name == column), None)
-
-
-def _with_options(dsn: str) -> str:
-    return psycopg.conninfo.make_conninfo(dsn, options=SESSION_OPTIONS)
+def _lock_within(state: psycopg.Connection, key: str, seconds: float) -> bool:
+    """Take the drain lock, waiting briefly: a drain that just stopped (same process or a restarted
+    one) releases it only once the server has processed its disconnect."""
+    deadline = time.monotonic() + seconds
+    while not session.try_lock(state, key):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.2)
+    return True

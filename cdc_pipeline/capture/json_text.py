@@ -9,6 +9,7 @@ with TimeZone=UTC, as `to_jsonb` does in the backfill session.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from functools import cache
 
@@ -18,7 +19,11 @@ from cdc_pipeline.postgres import pgtypes
 _quote: Callable[[str], str] = json.encoder.encode_basestring  # type: ignore[attr-defined]
 
 _NUMBERS = {20, 21, 23, 26, 700, 701, 1700}  # int8 int2 int4 oid float4 float8 numeric
-_JSON = {114, 3802}
+_JSON, _JSONB = 114, 3802
+# A `\u0000` escape (after an even number of backslashes): valid in json, refused by jsonb, which the
+# change log stores records as. It is logged as the six characters `\u0000` (an escaped backslash), so
+# the row is logged instead of stopping the drain; the backfill reads it the same way (backfill/reader.py).
+_NUL_ESCAPE = re.compile(r"(?<!\\)((?:\\\\)*)\\u0000")
 _SPECIAL_NUMBERS = {"NaN": '"NaN"', "Infinity": '"Infinity"', "-Infinity": '"-Infinity"'}
 
 _ARRAY_OIDS = frozenset(o.value for o in pgtypes.OID if o.name.endswith("_ARRAY"))
@@ -37,6 +42,18 @@ def _bool(raw: bytes) -> str:
 
 def _raw_json(raw: bytes) -> str:
     return raw.decode()
+
+
+def _json(raw: bytes) -> str:
+    text = raw.decode()
+    if "\\u0000" not in text:
+        return text
+    return escape_nul(text)
+
+
+def escape_nul(text: str) -> str:
+    """json text -> the same text with each NUL escape (backslash-u0000) turned into an escaped backslash + `u0000`."""
+    return _NUL_ESCAPE.sub(lambda m: m.group(1) + "\\\\u0000", text)
 
 
 def _string(raw: bytes) -> str:
@@ -76,8 +93,10 @@ def fragment_for(type_oid: int) -> Fragment:
         return _number
     if type_oid == 16:
         return _bool
-    if type_oid in _JSON:
+    if type_oid == _JSONB:
         return _raw_json
+    if type_oid == _JSON:
+        return _json
     if type_oid == 1114:
         return _timestamp
     if type_oid == 1184:

@@ -135,8 +135,11 @@ class Reconciler:
             params[f"lo{i}"], params[f"hi{i}"] = lo, hi
             unseen.append(sql.SQL(f"(c.xid >= %(lo{i})s AND c.xid < %(hi{i})s)"))
         unseen_sql = sql.SQL(" OR ").join(unseen) if unseen else sql.SQL("false")
+        # Key names go in as parameters: a composed literal holding '%' would break the placeholders.
+        for i, k in enumerate(shape.primary_key):
+            params[f"key{i}"] = k
         old_pk = sql.SQL("jsonb_build_array({})::text").format(sql.SQL(", ").join(
-            sql.SQL("(t.record || t.changes) -> {}").format(sql.Literal(k)) for k in shape.primary_key))
+            sql.SQL(f"(t.record || t.changes) -> %(key{i})s::text") for i in range(len(shape.primary_key))))
         query = sql.SQL(
             "WITH touched AS ("
             "  SELECT c.action, c.pk, c.record, c.changes FROM {s}.change_log c"

@@ -51,6 +51,7 @@ from cdc_pipeline.backfill.engine import Backfiller, BackfillRequest, Progress
 from cdc_pipeline.backfill.state import BackfillInfo, BackfillStore
 from cdc_pipeline.config import ConfigError, PipelineConfig, TableConfig
 from cdc_pipeline.defs.resources import CdcConfigResource
+from cdc_pipeline.defs.translator import CdcTranslator
 
 KIND_TAG = "cdc_pipeline/kind"  # dagster.yaml limits runs tagged backfill to 2 at a time
 BACKFILL_TAGS = {KIND_TAG: "backfill"}
@@ -72,8 +73,9 @@ class BackfillRunConfig(Config):
     wait_if_busy: bool = True  # another live backfill of the table and a sink: wait instead of failing
 
 
-def backfill_asset_key(table: TableConfig) -> AssetKey:
-    return AssetKey(["cdc", "backfill", table.schema_name, table.table_name])
+def backfill_asset_key(table: TableConfig, translator: CdcTranslator | None = None) -> AssetKey:
+    """The table's snapshot in the change log (its rows as read messages): what a backfill produces."""
+    return (translator or CdcTranslator()).snapshot_key(table)
 
 
 def backfill_job_name(table: TableConfig) -> str:
@@ -121,15 +123,16 @@ def window_of(context: AssetExecutionContext, table: TableConfig) -> tuple[str |
     return (window.start.astimezone(UTC).isoformat(sep=" "), window.end.astimezone(UTC).isoformat(sep=" "))
 
 
-def build_backfill_asset(table: TableConfig) -> AssetsDefinition:
-    key = backfill_asset_key(table)
+def build_backfill_asset(table: TableConfig, translator: CdcTranslator) -> AssetsDefinition:
+    key = backfill_asset_key(table, translator)
     partitions = partitions_for(table)
     what = (f"windows of {table.sort_column} ({table.partitions.kind} partitions)" if table.partitions
             else "the whole table, by primary key")
 
     @asset(
         key=key,
-        group_name="cdc_backfill",
+        deps=[translator.source_key(table.qualified)],
+        group_name="cdc",
         partitions_def=partitions,
         description=f"Backfills {table.qualified} to its sinks as read messages: {what}. Runs alongside the "
                     "drain without stale reads; resumes from its checkpoint after a failure.",
@@ -170,8 +173,8 @@ def _metadata(result: Progress) -> dict[str, object]:
     return meta
 
 
-def build_backfill_check(table: TableConfig) -> AssetChecksDefinition:
-    key = backfill_asset_key(table)
+def build_backfill_check(table: TableConfig, translator: CdcTranslator) -> AssetChecksDefinition:
+    key = backfill_asset_key(table, translator)
 
     @asset_check(asset=key, name=CHECK_NAME, description=f"The last backfill of {table.qualified} completed")
     def _check(context: AssetCheckExecutionContext, cdc: CdcConfigResource) -> AssetCheckResult:
@@ -196,8 +199,8 @@ def last_backfill(pipeline: PipelineConfig, table: TableConfig) -> BackfillInfo 
         return next((i for i in store.list(conn, limit=200) if i.table == table.qualified), None)
 
 
-def build_backfill_job(table: TableConfig) -> Any:
-    return define_asset_job(backfill_job_name(table), selection=[backfill_asset_key(table)], tags=BACKFILL_TAGS,
+def build_backfill_job(table: TableConfig, translator: CdcTranslator) -> Any:
+    return define_asset_job(backfill_job_name(table), selection=[backfill_asset_key(table, translator)], tags=BACKFILL_TAGS,
                             description=f"Backfill {table.qualified}")
 
 
@@ -212,16 +215,18 @@ def build_backfill_schedule(job: Any, table: TableConfig) -> Any:
                     f"{table.qualified}")
 
 
-def backfill_definitions(pipeline: PipelineConfig) -> tuple[list[object], list[object], list[object], list[object]]:
+def backfill_definitions(pipeline: PipelineConfig, translator: CdcTranslator | None = None
+                         ) -> tuple[list[object], list[object], list[object], list[object]]:
     """(assets, asset checks, jobs, schedules) for every configured table."""
     assets: list[object] = []
     checks: list[object] = []
     jobs: list[object] = []
     schedules: list[object] = []
+    translator = translator or CdcTranslator()
     for table in pipeline.tables:
-        assets.append(build_backfill_asset(table))
-        checks.append(build_backfill_check(table))
-        job = build_backfill_job(table)
+        assets.append(build_backfill_asset(table, translator))
+        checks.append(build_backfill_check(table, translator))
+        job = build_backfill_job(table, translator)
         jobs.append(job)
         schedule = build_backfill_schedule(job, table)
         if schedule is not None:

@@ -1,56 +1,132 @@
-"""The drain sensor: each tick streams the slot into the change log for a bounded time, records the
-change log's figures on its asset, then requests delivery runs for the sinks that lag."""
+"""The change log asset, materialized by the long-lived `cdc_drain` run, and the drain sensor that
+keeps one such run alive.
 
+The sensor owns the drain's life without streaming in its own evaluation: each tick (every few
+seconds, a couple of cheap queries) it sees whether a drain run is active, starts one when none is,
+and restarts it after a failure with capped backoff. The run streams the slot into the change log
+for `drain.run_minutes` (or until terminated), recording the log's figures and the slot-lag check
+every few seconds. Streaming in a run rather than in the sensor: no gap between ticks, no sensor
+evaluation timeout, the drain's logs and failures on the Runs page, and a terminate button.
+"""
+
+
+from collections.abc import Iterator
+from typing import Any
 
 from dagster import (
+    AssetCheckResult,
+    AssetExecutionContext,
     AssetKey,
     AssetMaterialization,
-    AssetSpec,
+    AssetsDefinition,
+    Config,
     DefaultSensorStatus,
-    JobDefinition,
+    MaterializeResult,
     SensorDefinition,
     SensorEvaluationContext,
     SensorResult,
+    SkipReason,
+    asset,
+    define_asset_job,
+    in_process_executor,
     sensor,
 )
 
-from cdc_pipeline import status
-from cdc_pipeline.capture.drain import Drain
-from cdc_pipeline.defs.delivery import request_deliveries
+from cdc_pipeline.capture.drain import Drain, DrainStats
+from cdc_pipeline.config import PipelineConfig
+from cdc_pipeline.defs.health import slot_check, slot_figures, slot_lag_spec
 from cdc_pipeline.defs.resources import CdcConfigResource
+from cdc_pipeline.defs.runs import AFTER_TAG, KIND_TAG, NO_RUN_RETRIES, next_run, wait_for_predecessor
+from cdc_pipeline.defs.streaming import stream_while
 
-CHANGE_LOG_KEY = AssetKey(["cdc", "change_log"])
-
-change_log_asset = AssetSpec(
-    CHANGE_LOG_KEY, group_name="cdc_capture",
-    description="Ordered change log in the state database, fed by the drain sensor from the replication slot.",
-    kinds={"postgres"},
-)
+DRAIN_JOB = "cdc_drain"
+DRAIN_TAGS = {KIND_TAG: "drain"}  # dagster.yaml: at most two drain runs (one streams, one taking over)
+EVENT_SECONDS = 5.0  # how often a running drain records the log's figures and the slot-lag check
 
 
-def change_log_metadata(pipeline: object, stats: object) -> dict[str, object]:
-    figures = status.collect(pipeline)  # type: ignore[arg-type]
-    slot = figures.get("slot") or {}
-    log = figures.get("log") or {}
-    return {
-        "drained_changes": stats.changes, "drained_transactions": stats.transactions,  # type: ignore[attr-defined]
-        "drain_rate_changes_per_s": round(stats.rate, 1),  # type: ignore[attr-defined]
-        "confirmed_lsn": str(slot.get("confirmed_flush_lsn")),
-        "slot_lag_bytes": slot.get("lag_bytes", 0), "slot_lag_seconds": slot.get("lag_seconds", 0.0),
-        "last_heartbeat_at": str(slot.get("last_heartbeat_at")),
-        "log_messages": log.get("messages", 0), "log_bytes": log.get("bytes", 0),
-    }
+class DrainRunConfig(Config):
+    max_seconds: float | None = None  # empty: drain.run_minutes from cdc.yaml
+    until_idle: bool = False  # stop once the slot has nothing more (a one-off catch-up)
 
 
-def build_drain_sensor(jobs: list[JobDefinition]) -> SensorDefinition:
-    @sensor(name="cdc_drain_sensor", minimum_interval_seconds=1, default_status=DefaultSensorStatus.RUNNING, jobs=jobs,
-            description="Streams the replication slot into the change log for drain.tick_seconds per tick, "
-                        "then requests delivery runs for lagging sinks.")
-    def _sensor(context: SensorEvaluationContext, cdc: CdcConfigResource) -> SensorResult:
+def drain_figures(pipeline: PipelineConfig, stats: DrainStats | None = None) -> dict[str, Any]:
+    out = slot_figures(pipeline)
+    if stats is not None:
+        out.update(drained_changes=stats.changes, drained_transactions=stats.transactions,
+                   drain_rate_changes_per_s=round(stats.rate, 1), heartbeats=stats.heartbeats,
+                   # The drain rides through lost connections: how often it had to in this run, and why.
+                   drain_retries=stats.retries, drain_last_error=str(stats.last_error))
+    return out
+
+
+def build_change_log_asset(key: AssetKey, sources: list[AssetKey]) -> AssetsDefinition:
+    @asset(
+        key=key, deps=sources, group_name="cdc", kinds={"postgres"}, tags=DRAIN_TAGS,
+        check_specs=[slot_lag_spec(key)],
+        description="Ordered change log in the state database: the drain streams the replication slot "
+                    "into it and acknowledges the slot after each commit. Materializing it runs the drain "
+                    "for drain.run_minutes; the cdc_drain_sensor keeps one such run alive.",
+    )
+    def _change_log(context: AssetExecutionContext, config: DrainRunConfig, cdc: CdcConfigResource) -> Iterator[Any]:
         pipeline = cdc.load()
-        stats = Drain(pipeline).run(seconds=pipeline.drain.tick_seconds)
-        context.log.info(f"drained {stats.changes} changes ({stats.rate:.0f}/s)")
-        event = AssetMaterialization(CHANGE_LOG_KEY, metadata=change_log_metadata(pipeline, stats))
-        return SensorResult(run_requests=request_deliveries(context, pipeline), asset_events=[event])
+        wait_for_predecessor(context, context.log)
+        drain = Drain(pipeline)
+        seconds = config.max_seconds or pipeline.drain.run_minutes * 60
+        last = {"lsn": -1}
+        context.log.info(f"draining slot {pipeline.source.slot!r} for {seconds:.0f} s")
+
+        def poll() -> list[Any]:
+            figures = drain_figures(pipeline)
+            events: list[Any] = [slot_check(pipeline, key, figures)]
+            if figures.get("committed_lsn") != last["lsn"]:  # materialize when the log moved
+                last["lsn"] = figures.get("committed_lsn", -1)
+                events.insert(0, AssetMaterialization(key, metadata=figures))
+            return events
+
+        stats = yield from stream_while(
+            "cdc-drain", lambda: drain.run(seconds=seconds, until_idle=config.until_idle), drain.stop, poll,
+            EVENT_SECONDS, lambda exc: context.log.warning(f"could not read the slot's figures: {exc}"),
+            lambda result: context.log.info(_stopped(result)))
+        context.log.info(f"drained {stats.changes} changes ({stats.rate:.0f}/s) in {stats.seconds:.0f} s")
+        figures = drain_figures(pipeline, stats)
+        check = slot_check(pipeline, key, figures)
+        yield MaterializeResult(metadata=figures, check_results=[AssetCheckResult(
+            check_name=check.check_name, passed=check.passed, severity=check.severity, metadata=check.metadata)])
+
+    return _change_log
+
+
+def _stopped(result: Any) -> str:
+    if isinstance(result, DrainStats):
+        lsn = result.committed_lsn
+        return (f"drain stopped on request: log committed and slot acknowledged up to "
+                f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X} ({result.changes} changes drained by this run)")
+    return f"drain stopped on request ({result})"
+
+
+def build_drain_job(key: AssetKey) -> Any:
+    # In process: the run worker is the drain (no step subprocess to start or to forward a terminate to).
+    return define_asset_job(DRAIN_JOB, selection=[key], tags={**DRAIN_TAGS, **NO_RUN_RETRIES},
+                            executor_def=in_process_executor,
+                            description="Streams the replication slot into the change log (long-lived)")
+
+
+def build_drain_sensor(job: Any, key: AssetKey, interval: int = 5) -> SensorDefinition:
+    @sensor(name="cdc_drain_sensor", minimum_interval_seconds=interval, default_status=DefaultSensorStatus.RUNNING,
+            job=job, description="Keeps one cdc_drain run streaming: starts it when none is active, restarts "
+                                 "it after a failure (capped backoff). Evaluations take milliseconds.")
+    def _sensor(context: SensorEvaluationContext, cdc: CdcConfigResource) -> SensorResult | SkipReason:
+        pipeline = cdc.load()
+        request = next_run(context, DRAIN_JOB, DRAIN_TAGS, pipeline.drain.run_minutes * 60)
+        if isinstance(request, str):
+            return SkipReason(request)
+        events: list[Any] = []
+        if AFTER_TAG not in request.tags:
+            try:  # no drain is running: record the slot's lag so a dead drain shows in asset health
+                events.append(slot_check(pipeline, key, slot_figures(pipeline)))
+            except Exception as exc:
+                context.log.warning(f"could not read the slot's figures: {exc}")
+        # No run key: every request is a fresh start or a successor; next_run checked the active runs.
+        return SensorResult(run_requests=[request], asset_events=events)
 
     return _sensor

@@ -1,156 +1,166 @@
-"""Per sink: a delivery asset, its job, an asset check on parked messages; and the delivery sensor."""
+"""Per sink: its asset (what the sink holds), materialized by a long-lived delivery run; the delivery
+job; and the delivery sensor that keeps one run per lagging sink alive.
 
+A delivery run keeps its SparkSession warm and polls the change log as `cdc-pipeline deliver` does,
+for `delivery.run_minutes` (then the sensor starts the next one if the sink lags), recording the
+sink's lag and throughput and its lag checks every few seconds.
+"""
+
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 from dagster import (
     AssetCheckResult,
-    AssetCheckSeverity,
-    AssetCheckSpec,
     AssetExecutionContext,
     AssetKey,
+    AssetMaterialization,
     AssetsDefinition,
-    Backoff,
     Config,
-    DagsterRunStatus,
     DefaultSensorStatus,
-    Jitter,
     MaterializeResult,
-    RetryPolicy,
-    RunRequest,
-    RunsFilter,
     SensorDefinition,
     SensorEvaluationContext,
-    SkipReason,
+    SensorResult,
     asset,
     define_asset_job,
+    in_process_executor,
     sensor,
-)
-from dagster import (
-    JobDefinition as _Job,
 )
 from dagster_pyspark import PySparkResource
 
 from cdc_pipeline.config import PipelineConfig, SinkConfig
-from cdc_pipeline.defs.resources import CdcConfigResource, sink_resource_key
-from cdc_pipeline.delivery.engine import Deliverer
-from cdc_pipeline.sinks.base import SinkUnavailable
+from cdc_pipeline.defs.health import sink_check_specs, sink_checks, sink_figures
+from cdc_pipeline.defs.resources import CdcConfigResource, SinksResource
+from cdc_pipeline.defs.runs import AFTER_TAG, KIND_TAG, NO_RUN_RETRIES, next_run, wait_for_predecessor
+from cdc_pipeline.defs.streaming import stream_while
+from cdc_pipeline.delivery.engine import Deliverer, DeliveryStats
 from cdc_pipeline.state.store import Store
 
 SINK_TAG = "cdc_pipeline/sink"
-ACTIVE = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
-          DagsterRunStatus.STARTED]
-# Transient failures (sink down, connection refused) fail the step and are retried with backoff;
-# per-message failures never get here: they are parked by the engine.
-DELIVERY_RETRY = RetryPolicy(max_retries=10, delay=2, backoff=Backoff.EXPONENTIAL, jitter=Jitter.PLUS_MINUS)
+EVENT_SECONDS = 5.0  # how often a running delivery records its figures
+CHECK_SECONDS = 15.0  # and its lag checks (or sooner when one flips)
+SENSOR_CHECK_SECONDS = 30.0  # the sensor records a lagging sink's checks when no run is alive to
+# No RetryPolicy (see streaming.py): the engine rides through sink outages and parks per-message
+# failures; a run that fails anyway is restarted by the sensor with backoff.
 
 
 class DeliveryRunConfig(Config):
     dry_run: bool = False
-    max_seconds: float | None = None
-
-
-def delivery_asset_key(sink_name: str) -> AssetKey:
-    return AssetKey(["cdc", "delivery", sink_name])
-
-
-def build_delivery_asset(sink: SinkConfig) -> AssetsDefinition:
-    check_name = "no_stale_parked_messages"
-
-    @asset(
-        key=delivery_asset_key(sink.name),
-        group_name="cdc_delivery",
-        description=f"Delivers the change log of {', '.join(sink.tables)} to sink {sink.name} "
-                    f"({sink.destination.type}).",
-        retry_policy=DELIVERY_RETRY,
-        check_specs=[AssetCheckSpec(check_name, asset=delivery_asset_key(sink.name),
-                                    description="No message parked longer than the allowed age")],
-        tags={"cdc_pipeline/kind": "delivery"},
-        # The sink's own resource key differs per asset, so resources come by key, not as typed arguments.
-        required_resource_keys={"cdc", "pyspark", sink_resource_key(sink.name)},
-        kinds={"spark", sink.destination.type},
-    )
-    def _deliver(context: AssetExecutionContext, config: DeliveryRunConfig) -> MaterializeResult:
-        pipeline = context.resources.cdc.load()
-        pyspark: PySparkResource = context.resources.pyspark
-        sink_config = pipeline.sink(sink.name)
-        destination = None if config.dry_run else getattr(context.resources, sink_resource_key(sink.name)).build()
-        deliverer = Deliverer(pipeline, sink_config, pyspark.spark_session, sink=destination,
-                              dry_run=config.dry_run)
-        try:
-            stats = deliverer.run(until_idle=True, seconds=config.max_seconds)
-        except SinkUnavailable as exc:
-            context.log.warning(f"sink {sink.name} unavailable, will retry: {exc}")
-            raise
-        parked = parked_summary(pipeline, sink.name)
-        max_age = pipeline.delivery.max_parked_age_seconds
-        oldest = parked["oldest_parked_seconds"]
-        return MaterializeResult(
-            metadata={**stats.as_metadata(), **parked, "dry_run": config.dry_run},
-            check_results=[AssetCheckResult(
-                check_name=check_name,
-                passed=oldest is None or oldest <= max_age,
-                severity=AssetCheckSeverity.WARN,
-                metadata={"parked": parked["parked"], "oldest_parked_seconds": oldest or 0.0,
-                          "max_parked_age_seconds": max_age},
-            )],
-        )
-
-    return _deliver
-
-
-def parked_summary(pipeline: PipelineConfig, sink_name: str) -> dict[str, float | int | None]:
-    with psycopg.connect(pipeline.state_dsn, autocommit=True) as conn:
-        return Store(pipeline.state.schema_name).failed_summary(conn, sink_name)
+    max_seconds: float | None = None  # empty: delivery.run_minutes from cdc.yaml
+    until_idle: bool = False  # stop once the sink has caught up (a one-off catch-up)
 
 
 def delivery_job_name(sink_name: str) -> str:
     return f"deliver_{sink_name.replace('-', '_')}"
 
 
-def build_delivery_job(sink: SinkConfig) -> _Job:
-    return define_asset_job(  # type: ignore[return-value]
-        delivery_job_name(sink.name), selection=[delivery_asset_key(sink.name)],
-        tags={SINK_TAG: sink.name},
+def build_sink_asset(sink: SinkConfig, key: AssetKey, deps: list[AssetKey], metadata: dict[str, str]
+                     ) -> AssetsDefinition:
+    @asset(
+        key=key, deps=deps, group_name="sink", metadata=metadata, kinds={"spark", sink.destination.type},
+        description=f"What sink {sink.name} ({sink.destination.type}) holds: the change log of "
+                    f"{', '.join(sink.tables)} through its filter and transform. Materializing it runs a "
+                    "delivery for delivery.run_minutes; the cdc_delivery_sensor keeps one alive while it lags.",
+        check_specs=sink_check_specs(key), tags={KIND_TAG: "delivery"},
     )
+    def _deliver(context: AssetExecutionContext, config: DeliveryRunConfig, cdc: CdcConfigResource,
+                 pyspark: PySparkResource, sinks: SinksResource) -> Iterator[Any]:
+        pipeline = cdc.load()
+        wait_for_predecessor(context, context.log)  # a successor: Spark is warm, take over without a gap
+        sink_config = pipeline.sink(sink.name)
+        destination = None if config.dry_run else sinks.build(sink.name)
+        deliverer = Deliverer(pipeline, sink_config, pyspark.spark_session, sink=destination,
+                              dry_run=config.dry_run)
+        seconds = config.max_seconds or pipeline.delivery.run_minutes * 60
+        state: dict[str, Any] = {"delivered": None, "at": time.monotonic(), "checked": 0.0, "passed": None}
+
+        def poll() -> list[Any]:
+            figures = sink_figures(pipeline, sink_config)
+            now = time.monotonic()
+            events: list[Any] = []
+            if figures["delivered_total"] != state["delivered"]:
+                if state["delivered"] is not None:
+                    figures["throughput_msgs_per_s"] = round(
+                        (figures["delivered_total"] - state["delivered"]) / max(1e-3, now - state["at"]), 1)
+                state.update(delivered=figures["delivered_total"], at=now)
+                events.append(AssetMaterialization(key, metadata=figures))
+            checks = sink_checks(pipeline, key, figures)
+            passed = tuple(c.passed for c in checks)
+            if now - state["checked"] >= CHECK_SECONDS or passed != state["passed"]:
+                state.update(checked=now, passed=passed)
+                events += checks
+            return events
+
+        stats = yield from stream_while(
+            f"cdc-deliver-{sink.name}", lambda: deliverer.run(until_idle=config.until_idle, seconds=seconds),
+            deliverer.stop, poll, EVENT_SECONDS,
+            lambda exc: context.log.warning(f"could not read sink {sink.name}'s figures: {exc}"),
+            lambda result: context.log.info(_stopped(sink.name, result)))
+        figures = sink_figures(pipeline, sink_config)
+        yield MaterializeResult(
+            metadata={**stats.as_metadata(), **figures, "dry_run": config.dry_run},
+            check_results=[AssetCheckResult(check_name=c.check_name, passed=c.passed, severity=c.severity,
+                                            metadata=c.metadata) for c in sink_checks(pipeline, key, figures)])
+
+    return _deliver
 
 
-def lagging_sinks(pipeline: PipelineConfig) -> dict[str, tuple[int, int]]:
-    """Sinks whose offset is behind the log head: name -> log head position."""
+def _stopped(name: str, result: Any) -> str:
+    if isinstance(result, DeliveryStats):
+        return (f"delivery to {name} stopped on request: offset {result.offset[0]}:{result.offset[1]} committed, "
+                f"{result.delivered} messages delivered by this run")
+    return f"delivery to {name} stopped on request ({result})"
+
+
+def build_delivery_job(sink: SinkConfig, key: AssetKey) -> Any:
+    return define_asset_job(
+        delivery_job_name(sink.name), selection=[key],
+        tags={SINK_TAG: sink.name, KIND_TAG: "delivery", **NO_RUN_RETRIES},
+        executor_def=in_process_executor, description=f"Delivers the change log to sink {sink.name} (long-lived)")
+
+
+def due_sinks(pipeline: PipelineConfig) -> list[str]:
+    """Sinks with work: messages after their offset, or parked messages whose retry is due."""
     store = Store(pipeline.state.schema_name)
-    out: dict[str, tuple[int, int]] = {}
-    with psycopg.connect(pipeline.state_dsn, autocommit=True) as conn:
+    out = []
+    with psycopg.connect(pipeline.state_dsn, autocommit=True, connect_timeout=10) as conn:
         for sink in pipeline.sinks:
-            head = store.log_head(conn, sink.tables, sink=sink.name)
             offset = store.sink_offset(conn, sink.name)
-            due = store.due_retries(conn, sink.name, 1)
-            if head > offset or due:
-                out[sink.name] = head
+            if store.backlog(conn, sink.tables, offset, sink.name, 1) or store.due_retries(conn, sink.name, 1):
+                out.append(sink.name)
     return out
 
 
-def request_deliveries(context: SensorEvaluationContext, pipeline: PipelineConfig) -> list[RunRequest]:
-    """One run per lagging sink, unless one is already queued or running for it."""
-    requests = []
-    for name, head in lagging_sinks(pipeline).items():
-        active = context.instance.get_runs(
-            filters=RunsFilter(tags={SINK_TAG: name}, statuses=ACTIVE), limit=1)
-        if active:
-            continue
-        requests.append(RunRequest(
-            run_key=f"{name}:{head[0]}:{head[1]}:{context.cursor or ''}",
-            job_name=delivery_job_name(name),
-            tags={SINK_TAG: name},
-        ))
-    return requests
-
-
-def build_delivery_sensor(jobs: list[_Job], interval: int = 5) -> SensorDefinition:
+def build_delivery_sensor(jobs: list[Any], keys: dict[str, AssetKey], interval: int = 5) -> SensorDefinition:
     @sensor(name="cdc_delivery_sensor", minimum_interval_seconds=interval, jobs=jobs,
             default_status=DefaultSensorStatus.RUNNING,
-            description="Launches a delivery run for each sink that lags the change log (one at a time per sink).")
-    def _sensor(context: SensorEvaluationContext, cdc: CdcConfigResource):  # type: ignore[no-untyped-def]
+            description="Starts a long-lived delivery run for each sink with work (messages after its offset, "
+                        "or parked messages due for retry) unless one is already active for it.")
+    def _sensor(context: SensorEvaluationContext, cdc: CdcConfigResource) -> SensorResult:
         pipeline = cdc.load()
-        requests = request_deliveries(context, pipeline)
-        return requests or SkipReason("every sink is caught up or already running")
+        # The cursor: when each sink's checks were last recorded by this sensor (JSON {sink: epoch s}).
+        checked: dict[str, float] = json.loads(context.cursor) if context.cursor else {}
+        requests, events = [], []
+        for name in due_sinks(pipeline):
+            # A first run when none is active (after a backoff if the last ones failed), or the successor
+            # of a run near its end. No run key: Dagster skips a run key it has seen, and an idle source
+            # with parked messages coming due would repeat one; next_run checked the active runs.
+            request = next_run(context, delivery_job_name(name), {SINK_TAG: name, KIND_TAG: "delivery"},
+                               pipeline.delivery.run_minutes * 60)
+            if isinstance(request, str):
+                continue
+            requests.append(request)
+            if AFTER_TAG not in request.tags and time.time() - checked.get(name, 0.0) >= SENSOR_CHECK_SECONDS:
+                try:  # no run is alive to record the lag: a sink whose runs cannot start shows it
+                    events += sink_checks(pipeline, keys[name], sink_figures(pipeline, pipeline.sink(name)))
+                    checked[name] = time.time()
+                except Exception as exc:
+                    context.log.warning(f"could not read sink {name}'s figures: {exc}")
+        return SensorResult(run_requests=requests, asset_events=events, cursor=json.dumps(checked, sort_keys=True),
+                            skip_reason=None if requests else "every sink is caught up or already running")
 
     return _sensor

@@ -1,4 +1,4 @@
-"""Dagster resources: the pipeline config, and the Spark session built from it."""
+"""Dagster resources: the pipeline config, the sinks, and the Spark session built from it."""
 
 from __future__ import annotations
 
@@ -20,18 +20,14 @@ class CdcConfigResource(ConfigurableResource):
         return load_config(self.config_path)
 
 
-class SinkResource(ConfigurableResource):
-    """One sink's destination as a Dagster resource: listed in the UI, and what delivery writes through."""
+class SinksResource(ConfigurableResource):
+    """The configured sinks' destinations: what delivery writes through. One typed resource that builds
+    a sink by name (a test can swap it for one that returns its own Sink)."""
 
     config_path: str
-    sink_name: str
 
-    def build(self) -> Sink:
-        return build_sink(load_config(self.config_path).sink(self.sink_name))
-
-
-def sink_resource_key(sink_name: str) -> str:
-    return f"sink_{sink_name.replace('-', '_')}"
+    def build(self, sink_name: str) -> Sink:
+        return build_sink(load_config(self.config_path).sink(sink_name))
 
 
 def pyspark_resource(config: PipelineConfig) -> PySparkResource:

@@ -17,8 +17,8 @@ from pyspark.sql import functions as F
 
 from cdc_pipeline.config import PipelineConfig, SinkConfig
 from cdc_pipeline.delivery import spark_stage
+from cdc_pipeline.findings import Finding
 from cdc_pipeline.postgres.catalog import ColumnInfo, TableInfo
-from cdc_pipeline.setup import Finding
 from cdc_pipeline.state.store import LOG_ARROW_SCHEMA
 
 # What run_stage selects from the frame after filter/transform/route (a Python transform must keep them).

@@ -29,6 +29,18 @@ WHERE n.nspname = %s AND c.relname = %s AND i.indisprimary
 ORDER BY k.ord
 """
 
+# The columns of the index chosen by REPLICA IDENTITY USING INDEX, in index order.
+_IDENTITY_INDEX = """
+SELECT a.attname
+FROM pg_index i
+JOIN pg_class c ON c.oid = i.indrelid
+JOIN pg_namespace n ON n.oid = c.relnamespace
+JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) ON true
+JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = k.attnum
+WHERE n.nspname = %s AND c.relname = %s AND i.indisreplident
+ORDER BY k.ord
+"""
+
 
 @dataclass(frozen=True, slots=True)
 class ColumnInfo:
@@ -46,6 +58,9 @@ class TableInfo:
     columns: tuple[ColumnInfo, ...]
     primary_key: tuple[str, ...]
     replica_identity: str  # d(efault), n(othing), f(ull), i(ndex)
+    # The columns a DELETE's old tuple carries (and an UPDATE's, when they change): the primary key
+    # under DEFAULT, every column under FULL, the index's columns under USING INDEX, none under NOTHING.
+    identity_columns: tuple[str, ...] = ()
 
     @property
     def qualified(self) -> str:
@@ -62,7 +77,16 @@ def describe_table(conn: psycopg.Connection, schema: str, name: str) -> TableInf
         return None
     columns = tuple(ColumnInfo(*r) for r in conn.execute(_COLUMNS, (schema, name)).fetchall())
     pk = tuple(r[0] for r in conn.execute(_PK_ORDER, (schema, name)).fetchall())
-    return TableInfo(schema, name, columns, pk, str(row[0]))
+    identity = str(row[0])
+    if identity == "d":
+        key = pk
+    elif identity == "f":
+        key = tuple(c.name for c in columns)
+    elif identity == "i":
+        key = tuple(r[0] for r in conn.execute(_IDENTITY_INDEX, (schema, name)).fetchall())
+    else:
+        key = ()
+    return TableInfo(schema, name, columns, pk, identity, key)
 
 
 def setting(conn: psycopg.Connection, name: str) -> str:
@@ -79,13 +103,14 @@ def slot_info(conn: psycopg.Connection, slot: str) -> dict[str, object] | None:
     row = conn.execute(
         "SELECT plugin, active, confirmed_flush_lsn::text, restart_lsn::text, "
         "pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint, "
-        "pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint "
+        "pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint, database, wal_status "
         "FROM pg_replication_slots WHERE slot_name = %s",
         (slot,),
     ).fetchone()
     if row is None:
         return None
-    keys = ("plugin", "active", "confirmed_flush_lsn", "restart_lsn", "lag_bytes", "retained_bytes")
+    keys = ("plugin", "active", "confirmed_flush_lsn", "restart_lsn", "lag_bytes", "retained_bytes", "database",
+            "wal_status")
     return dict(zip(keys, row, strict=True))
 
 
@@ -97,3 +122,25 @@ def publication_tables(conn: psycopg.Connection, publication: str) -> set[str] |
         "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s", (publication,)
     ).fetchall()
     return {f"{r[0]}.{r[1]}" for r in rows}
+
+
+def privileges(conn: psycopg.Connection, schema: str, name: str) -> dict[str, bool]:
+    """What the current user may do with a table: read it (backfills) and own it (add it to a publication)."""
+    row = conn.execute(
+        "SELECT has_table_privilege(c.oid, 'SELECT'), pg_has_role(c.relowner, 'USAGE') FROM pg_class c "
+        "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s",
+        (schema, name)).fetchone()
+    return {"select": bool(row and row[0]), "owner": bool(row and row[1])}
+
+
+def can_create_in_database(conn: psycopg.Connection) -> bool:
+    """CREATE on the current database: needed for CREATE PUBLICATION and for a new schema."""
+    row = conn.execute("SELECT has_database_privilege(current_database(), 'CREATE')").fetchone()
+    return bool(row and row[0])
+
+
+def publication_actions(conn: psycopg.Connection, publication: str) -> dict[str, bool]:
+    """Which actions a publication publishes (all four unless it was created with `publish = ...`)."""
+    row = conn.execute("SELECT pubinsert, pubupdate, pubdelete, pubtruncate FROM pg_publication WHERE pubname = %s",
+                       (publication,)).fetchone()
+    return dict(zip(("insert", "update", "delete", "truncate"), row or (True,) * 4, strict=True))

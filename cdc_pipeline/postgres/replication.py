@@ -10,12 +10,15 @@ from __future__ import annotations
 import contextlib
 import select
 import struct
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import psycopg
 from psycopg import pq, sql
+
+from cdc_pipeline.postgres import session
 
 # Microseconds between the Unix epoch and PostgreSQL's epoch (2000-01-01).
 PG_EPOCH_OFFSET_US = 946_684_800_000_000
@@ -26,7 +29,22 @@ _STATUS = struct.Struct(">cQQQQB")
 
 
 class ReplicationError(RuntimeError):
-    pass
+    """The server refused or ended the stream; ``sqlstate`` is the server's error code when it sent one."""
+
+    def __init__(self, message: str, sqlstate: str | None = None) -> None:
+        super().__init__(message)
+        self.sqlstate = sqlstate
+
+
+def _error(pgconn: pq.abc.PGconn, result: pq.abc.PGresult | None, what: str) -> ReplicationError:
+    sqlstate = None
+    message = ""
+    if result is not None and result.status == pq.ExecStatus.FATAL_ERROR:
+        code = result.error_field(pq.DiagnosticField.SQLSTATE)
+        sqlstate = code.decode() if code else None
+        message = (result.error_message or b"").decode(errors="replace").strip()
+    message = message or pgconn.error_message.decode(errors="replace").strip()
+    return ReplicationError(f"{what}: {message or 'server closed the connection'}", sqlstate)
 
 
 def lsn_to_int(lsn: str) -> int:
@@ -56,23 +74,35 @@ class Keepalive:
 
 
 class ReplicationStream:
-    """One logical replication session on a slot, driven by the caller's loop."""
+    """One logical replication session on a slot, driven by the caller's loop.
+
+    Safe to share with one other thread that only calls :meth:`send_status` (the status keeper): every
+    use of the libpq connection is under one lock.
+    """
 
     def __init__(self, dsn: str, slot: str, publication: str, start_lsn: int = 0) -> None:
-        self.conn = psycopg.connect(dsn, replication="database", autocommit=True)
+        # Keepalives and a connect timeout, but no statement timeout: the stream is one endless COPY.
+        self.conn = session.connect(dsn, replication="database", autocommit=True,
+                                    application_name="cdc_pipeline.drain")
         self.pgconn = self.conn.pgconn
-        options = sql.SQL("proto_version '1', publication_names {}, messages 'true'").format(
-            sql.Literal(publication)
-        )
+        self.flushed = start_lsn  # the last position reported as flushed: what the change log holds
+        self.last_sent = time.monotonic()
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self.keeper_error: BaseException | None = None
+        # pgoutput splits publication_names as a list of identifiers: a name with capitals must be
+        # double-quoted inside the literal, as CREATE PUBLICATION "AccPub" made it.
+        names = sql.Identifier(publication).as_string(self.conn)
+        options = sql.SQL("proto_version '1', publication_names {}, messages 'true'").format(sql.Literal(names))
         command = sql.SQL("START_REPLICATION SLOT {} LOGICAL {} ({})").format(
             sql.Identifier(slot), sql.SQL(int_to_lsn(start_lsn)), options
         )
         self.pgconn.send_query(command.as_bytes(self.conn))
         result = self.pgconn.get_result()
         if result is None or result.status != pq.ExecStatus.COPY_BOTH:
-            message = self.pgconn.error_message.decode(errors="replace").strip()
+            error = _error(self.pgconn, result, "START_REPLICATION failed")
             self.conn.close()
-            raise ReplicationError(f"START_REPLICATION failed: {message}")
+            raise error
         self.pgconn.nonblocking = 1
         self._socket = self.pgconn.socket
 
@@ -80,8 +110,10 @@ class ReplicationStream:
         """Yield the frames that arrive within `timeout` seconds (fewer if none arrive)."""
         deadline = time.monotonic() + timeout
         pgconn = self.pgconn
+        lock = self._lock
         while True:
-            nbytes, data = pgconn.get_copy_data(1)
+            with lock:
+                nbytes, data = pgconn.get_copy_data(1)
             if nbytes > 0:
                 kind = data[0]
                 if kind == 0x77:  # 'w'
@@ -97,22 +129,58 @@ class ReplicationStream:
                     return
                 readable, _, _ = select.select([self._socket], [], [], remaining)
                 if readable:
-                    pgconn.consume_input()
+                    with lock:
+                        pgconn.consume_input()  # OperationalError when the connection is gone
                 continue
-            # -1: the server ended COPY; -2: error
-            message = pgconn.error_message.decode(errors="replace").strip()
-            raise ReplicationError(f"replication stream ended: {message or 'server closed the copy'}")
+            # -1: the server ended COPY; -2: error. The error itself is in the next result.
+            with lock:
+                result = pgconn.get_result()
+            raise _error(pgconn, result, "replication stream ended")
 
     def send_status(self, flush_lsn: int, write_lsn: int | None = None, reply: bool = False) -> None:
         """Report progress. Only `flush_lsn` lets the server recycle WAL: we pass what the log committed."""
-        write = max(write_lsn or 0, flush_lsn)
-        buf = _STATUS.pack(b"r", write, flush_lsn, flush_lsn, _now_pg_us(), 1 if reply else 0)
-        if self.pgconn.put_copy_data(buf) != 1:
-            raise ReplicationError("could not send standby status update")
-        while self.pgconn.flush() == 1:
-            select.select([], [self._socket], [], 1.0)
+        with self._lock:
+            self.flushed = max(self.flushed, flush_lsn)
+            flush = self.flushed
+            write = max(write_lsn or 0, flush)
+            buf = _STATUS.pack(b"r", write, flush, flush, _now_pg_us(), 1 if reply else 0)
+            if self.pgconn.put_copy_data(buf) != 1:
+                raise _error(self.pgconn, None, "could not send a standby status update")
+            deadline = time.monotonic() + 10
+            while self.pgconn.flush() == 1:
+                if time.monotonic() > deadline:
+                    raise ReplicationError("could not send a standby status update: the connection is stuck")
+                select.select([], [self._socket], [], 1.0)
+            self.last_sent = time.monotonic()
+
+    def keep_alive(self, interval: float) -> threading.Thread:
+        """Start the status keeper: a thread that reports the last flushed position whenever nothing was
+        sent for `interval` seconds, so the server never times the stream out while the caller is busy
+        (reconciling a large page, a slow state commit). It reports nothing new: never ahead of the log."""
+
+        def keep() -> None:
+            while not self._closed.wait(min(interval / 2, 1.0)):
+                if time.monotonic() - self.last_sent < interval:
+                    continue
+                try:
+                    self.send_status(self.flushed)
+                except BaseException as exc:  # the caller's loop sees the broken stream itself
+                    self.keeper_error = exc
+                    return
+
+        thread = threading.Thread(target=keep, name="drain-status-keeper", daemon=True)
+        thread.start()
+        return thread
 
     def close(self) -> None:
+        self._closed.set()
         # Closing a broken connection must not mask the real error.
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception), self._lock:
             self.conn.close()
+
+
+def status_interval(source: psycopg.Connection, configured: float) -> float:
+    """How often the keeper reports: the configured interval, or a quarter of wal_sender_timeout if less."""
+    row = source.execute("SELECT setting::bigint FROM pg_settings WHERE name = 'wal_sender_timeout'").fetchone()
+    timeout_s = int(row[0]) / 1000 if row else 0
+    return max(0.05, min(configured, timeout_s / 4) if timeout_s > 0 else configured)

@@ -170,3 +170,13 @@ def schema_exists(conn: psycopg.Connection, schema: str) -> bool:
         "SELECT 1 FROM pg_tables WHERE schemaname = %s AND tablename = 'change_log'", (schema,)
     ).fetchone()
     return row is not None
+
+
+def pending_migrations(conn: psycopg.Connection, schema: str) -> int | None:
+    """How many migrations `ensure_schema` would apply: None when the schema does not exist yet."""
+    row = conn.execute("SELECT to_regclass(format('%%I.schema_version', %s::text))", (schema,)).fetchone()
+    if not row or row[0] is None:
+        return None
+    found = conn.execute(sql.SQL("SELECT coalesce(max(version), 0) FROM {}.schema_version")
+                         .format(sql.Identifier(schema))).fetchone()
+    return max(0, len(MIGRATIONS) - (int(found[0]) if found else 0))

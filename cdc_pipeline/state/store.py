@@ -103,6 +103,23 @@ class Store:
             (after[0], after[1], list(tables), *_sink(sink), limit)).fetchone()
         return int(row[0]) if row else 0
 
+    def oldest_age(self, conn: psycopg.Connection, tables: Sequence[str], after: Position,
+                   sink: str | None = None) -> float | None:
+        """Seconds since the commit of the first message after ``after`` (a sink's lag), None if none."""
+        row = conn.execute(sql.SQL(
+            "SELECT extract(epoch FROM now() - commit_ts)::float8 FROM {}.change_log "
+            "WHERE (commit_lsn, commit_idx) > (%s, %s) AND table_schema || '.' || table_name = ANY(%s) "
+            "{routing}ORDER BY commit_lsn, commit_idx LIMIT 1").format(self.s, routing=self._routing(sink)),
+            (after[0], after[1], list(tables), *_sink(sink))).fetchone()
+        return max(0.0, float(row[0])) if row and row[0] is not None else None
+
+    def slot_progress(self, conn: psycopg.Connection, slot: str) -> tuple[int, float | None]:
+        """(committed LSN, seconds since the drain last committed to the log) for a slot."""
+        row = conn.execute(sql.SQL(
+            "SELECT committed_lsn, extract(epoch FROM now() - last_heartbeat_at)::float8 "
+            "FROM {}.slot_progress WHERE slot = %s").format(self.s), (slot,)).fetchone()
+        return (int(row[0]), row[1]) if row else (0, None)
+
     def _routing(self, sink: str | None) -> sql.Composable:
         """Backfill reads reach only the sinks their backfill targets; changes reach every sink."""
         if sink is None:
@@ -226,19 +243,42 @@ class Store:
         return cur.rowcount
 
     def apply_retention(self, conn: psycopg.Connection, hours: float, sinks: Sequence[str]) -> int:
-        """Delete log rows older than `hours` that every sink has passed and nothing parked needs."""
+        """Delete log rows older than `hours` that nothing still needs: every sink has passed them
+        (a sink that has not started keeps everything), no parked message is one of them, and no
+        unreconciled backfill page needs them (see _backfill_floor)."""
         floor: Position = (2**63 - 1, 2**31 - 1)  # no sinks: age alone decides
         if sinks:
             rows = {r[0]: (int(r[1]), int(r[2])) for r in conn.execute(sql.SQL(
                 "SELECT sink, commit_lsn, commit_idx FROM {}.sink_offsets WHERE sink = ANY(%s)").format(self.s),
                 (list(sinks),)).fetchall()}
             floor = min(rows.get(name, (0, -1)) for name in sinks)  # a sink not started yet keeps all
+        low, read_at = self._backfill_floor(conn)
+        if low is not None and low <= floor:
+            floor = (low[0], low[1] - 1)
         cur = conn.execute(sql.SQL(
             "DELETE FROM {s}.change_log l WHERE l.commit_ts < now() - make_interval(secs => %s) "
+            "AND (%s::timestamptz IS NULL OR l.commit_ts < %s::timestamptz - interval '1 minute') "
             "AND (l.commit_lsn, l.commit_idx) <= (%s, %s) AND NOT EXISTS (SELECT 1 FROM {s}.failed_messages f "
             "WHERE f.commit_lsn = l.commit_lsn AND f.commit_idx = l.commit_idx AND f.status = 'parked')"
-        ).format(s=self.s), (hours * 3600, floor[0], floor[1]))
+        ).format(s=self.s), (hours * 3600, read_at, read_at, floor[0], floor[1]))
         return cur.rowcount
+
+    def _backfill_floor(self, conn: psycopg.Connection) -> tuple[Position | None, datetime | None]:
+        """What unreconciled pages of active backfills still need, as (the earliest low watermark in the
+        log, the earliest page read time). Reconciling a page reads the log between its watermarks, and
+        before its low watermark the changes of transactions its snapshot could not see: those committed
+        just before the page was read, so everything committed since a minute before it is kept."""
+        row = conn.execute(sql.SQL(
+            "SELECT min(p.read_at), (SELECT array[w.commit_lsn, w.commit_idx] FROM {s}.backfill_low_watermarks w "
+            "  JOIN {s}.backfill_pages q USING (backfill_id, page_no) JOIN {s}.backfills c ON c.id = q.backfill_id "
+            "  WHERE q.status = 'staged' AND c.status IN ('running', 'paused') "
+            "  ORDER BY w.commit_lsn, w.commit_idx LIMIT 1) "
+            "FROM {s}.backfill_pages p JOIN {s}.backfills b ON b.id = p.backfill_id "
+            "WHERE p.status = 'staged' AND b.status IN ('running', 'paused')").format(s=self.s)).fetchone()
+        if row is None:
+            return None, None
+        return ((int(row[1][0]), int(row[1][1])) if row[1] else None), row[0]
+
 
 def _pos_params(position: Position | None) -> tuple[int | None, int | None, int | None]:
     return (None, None, None) if position is None else (position[0], position[0], position[1])

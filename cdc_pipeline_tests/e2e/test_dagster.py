@@ -1,25 +1,25 @@
-"""Dagster end to end: the drain sensor's tick and the delivery job through Dagster's own APIs, and the
-sensors and jobs visible in a running `dagster dev` through its GraphQL API."""
+"""Dagster in process: the asset graph's lineage, the long-lived drain and delivery runs (periodic
+materializations and lag checks), and the sensors (keep one drain alive; never skip due work)."""
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import socket
-import subprocess
-import sys
+import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import psycopg
-from dagster import DagsterInstance, SensorResult, build_sensor_context
+import yaml
+from dagster import AssetKey, DagsterInstance, RunRequest, build_sensor_context
 
-from cdc_pipeline.defs.capture import CHANGE_LOG_KEY
-from cdc_pipeline.defs.delivery import SINK_TAG, delivery_asset_key
+from cdc_pipeline.defs.capture import DRAIN_JOB
+from cdc_pipeline.defs.delivery import SINK_TAG
+from cdc_pipeline.defs.health import PARKED_CHECK, SINK_LAG_CHECK, SLOT_LAG_CHECK
 from cdc_pipeline.setup import setup
-from cdc_pipeline_tests.helpers import assert_mirrored, mirror_config
+from cdc_pipeline.state.store import Store
+from cdc_pipeline_tests.helpers import assert_mirrored, drain, mirror_config
+
+LOG = AssetKey(["cdc", "change_log"])
+SINK = AssetKey(["sink", "mirror"])
 
 
 def _defs(path: Path):  # type: ignore[no-untyped-def]
@@ -28,131 +28,198 @@ def _defs(path: Path):  # type: ignore[no-untyped-def]
     return build_definitions(str(path))
 
 
-def test_drain_sensor_tick_and_delivery_job(source_db, db_factory, write_config, tmp_path):
+def test_lineage_source_tables_change_log_sinks(source_db, db_factory, write_config, tmp_path):
+    dest = db_factory()
+    data = mirror_config(source_db.dsn, dest.dsn, [{"name": "public.orders", "sort_column": "updated_at",
+                                                    "partitions": {"kind": "daily", "start": "2026-01-01"}},
+                                                   "public.customers"])
+    data["sinks"].append({"name": "hook", "tables": ["public.orders"],
+                          "destination": {"type": "webhook", "url": "http://127.0.0.1:9/x"}})
+    write_config(data)
+    defs = _defs(tmp_path / "cdc.yaml")
+    graph = defs.resolve_asset_graph()
+    orders, customers = AssetKey(["source", "public", "orders"]), AssetKey(["source", "public", "customers"])
+    snapshot = AssetKey(["cdc", "snapshot", "public", "orders"])
+    assert graph.get(LOG).parent_keys == {orders, customers}
+    assert graph.get(SINK).parent_keys == {LOG, snapshot, AssetKey(["cdc", "snapshot", "public", "customers"])}
+    assert graph.get(AssetKey(["sink", "hook"])).parent_keys == {LOG, snapshot}
+    assert graph.get(snapshot).parent_keys == {orders}
+    assert graph.get(snapshot).partitions_def is not None
+    specs = {s.key: s for s in defs.resolve_all_asset_specs()}
+    assert specs[orders].metadata["dagster/table_name"] == "public.orders"
+    assert not graph.get(orders).is_materializable  # the source tables are not ours to materialize
+    assert specs[SINK].metadata["destination_tables"] == "mirror.customers, mirror.orders"
+    assert {c.name for c in graph.get(SINK).check_keys} == {SINK_LAG_CHECK, PARKED_CHECK}
+    assert {c.name for c in graph.get(LOG).check_keys} == {SLOT_LAG_CHECK}
+    # Typed resources: one for the config, one that builds any sink by name.
+    assert {"cdc", "sinks", "pyspark"} <= set(defs.resources)
+    assert type(defs.resources["sinks"].build("hook")).__name__ == "WebhookSink"
+    assert {j.name for j in defs.resolve_all_job_defs()} >= {DRAIN_JOB, "deliver_mirror", "deliver_hook",
+                                                            "backfill_public_orders"}
+    # Streaming runs are restarted by their sensors, never also by Dagster's run retries.
+    for job in (DRAIN_JOB, "deliver_mirror"):
+        assert defs.resolve_job_def(job).tags["dagster/max_retries"] == "0"
+
+
+def test_long_lived_drain_and_delivery_runs(source_db, db_factory, write_config, tmp_path):
     dest = db_factory()
     source_db.execute("CREATE TABLE orders (id int PRIMARY KEY, status text, amount numeric)")
-    data = mirror_config(source_db.dsn, dest.dsn, ["public.orders"])
-    data["drain"]["tick_seconds"] = 3
-    config = write_config(data)
+    config = write_config(mirror_config(source_db.dsn, dest.dsn, ["public.orders"]))
     setup(config)
     source_db.execute("INSERT INTO orders SELECT g, 'new', g * 1.5 FROM generate_series(1, 500) g")
     source_db.execute("UPDATE orders SET status = 'paid' WHERE id % 3 = 0")
     source_db.execute("DELETE FROM orders WHERE id % 10 = 0")
-
     defs = _defs(tmp_path / "cdc.yaml")
     with DagsterInstance.ephemeral() as instance:
-        sensor = defs.get_sensor_def("cdc_drain_sensor")
-        with build_sensor_context(instance=instance, resources={"cdc": defs.resources["cdc"]},
-                                  definitions=defs) as ctx:
-            result = sensor(ctx)
-        assert isinstance(result, SensorResult)
-        [request] = result.run_requests
-        assert request.job_name == "deliver_mirror" and request.tags[SINK_TAG] == "mirror"
-        [event] = result.asset_events
-        assert event.asset_key == CHANGE_LOG_KEY
-        assert event.metadata["drained_changes"].value == 500 + 166 + 50
-
-        job = defs.resolve_job_def("deliver_mirror")
-        run = job.execute_in_process(instance=instance, tags=request.tags)
+        run = defs.resolve_job_def(DRAIN_JOB).execute_in_process(
+            instance=instance, run_config={"ops": {"cdc__change_log": {"config": {"max_seconds": 7}}}})
         assert run.success
-        mats = [
-            e.materialization for e in run.get_asset_materialization_events()]
-        [mat] = [m for m in mats if m.asset_key == delivery_asset_key("mirror")]
-        assert mat.metadata["messages_delivered"].value == 716
-        assert mat.metadata["lag_messages"].value == 0
+        mats = [e.materialization for e in run.get_asset_materialization_events()]
+        assert len(mats) >= 2 and mats[-1].metadata["drained_changes"].value == 500 + 166 + 50
         checks = run.get_asset_check_evaluations()
-        assert checks and all(c.passed for c in checks)
+        assert len(checks) >= 2 and all(c.passed and c.check_name == SLOT_LAG_CHECK for c in checks)
+
+        # A delivery run streams (not until idle): it keeps polling and records its figures meanwhile.
+        run = defs.resolve_job_def("deliver_mirror").execute_in_process(
+            instance=instance, run_config={"ops": {"sink__mirror": {"config": {"max_seconds": 12}}}})
+        assert run.success
+        mats = [e.materialization for e in run.get_asset_materialization_events()]
+        assert mats[-1].metadata["messages_delivered"].value == 716
+        assert mats[-1].metadata["lag_messages"].value == 0 and mats[-1].metadata["lag_seconds"].value == 0
+        assert len(mats) >= 2, "progress is recorded while the run streams, not only at its end"
+        checks = run.get_asset_check_evaluations()
+        assert {c.check_name for c in checks} == {SINK_LAG_CHECK, PARKED_CHECK} and all(c.passed for c in checks)
     assert assert_mirrored(source_db.dsn, "public.orders", dest.dsn, "mirror.orders") == 450
 
-    # The delivery sensor (for a drain running outside Dagster) targets the same jobs.
-    source_db.execute("INSERT INTO orders VALUES (1000, 'late', 1)")
-    from cdc_pipeline_tests.helpers import drain
 
-    drain(config)
-    with DagsterInstance.ephemeral() as instance:
-        delivery_sensor = defs.get_sensor_def("cdc_delivery_sensor")
-        with build_sensor_context(instance=instance, resources={"cdc": defs.resources["cdc"]},
-                                  definitions=defs) as ctx:
-            data = delivery_sensor.evaluate_tick(ctx)  # resolves targets as the daemon does
-        [request] = data.run_requests
-        assert request.job_name == "deliver_mirror"
+def _tick(defs, instance, name):  # type: ignore[no-untyped-def]
+    sensor = defs.get_sensor_def(name)
+    with build_sensor_context(instance=instance, resources={"cdc": defs.resources["cdc"]}, definitions=defs,
+                              cursor=getattr(_tick, "cursor", None)) as ctx:
+        data = sensor.evaluate_tick(ctx)  # resolves targets as the daemon does
+    _tick.cursor = data.cursor  # type: ignore[attr-defined]
+    return data
 
 
-def test_delivery_asset_materializes_with_dry_run(source_db, db_factory, write_config, tmp_path):
+def test_sensors_keep_a_drain_alive_and_never_skip_due_retries(source_db, db_factory, write_config, tmp_path):
     dest = db_factory()
     source_db.execute("CREATE TABLE t (id int PRIMARY KEY)")
     config = write_config(mirror_config(source_db.dsn, dest.dsn, ["public.t"]))
     setup(config)
-    source_db.execute("INSERT INTO t SELECT generate_series(1, 20)")
-    from cdc_pipeline_tests.helpers import drain
+    defs = _defs(tmp_path / "cdc.yaml")
+    with DagsterInstance.ephemeral() as instance:
+        data = _tick(defs, instance, "cdc_drain_sensor")
+        [request] = data.run_requests
+        assert request.job_name == DRAIN_JOB and request.run_key is None
+        assert [e.check_name for e in data.asset_events] == [SLOT_LAG_CHECK]  # no drain yet: the sensor records it
+        # A drain run is active: the sensor leaves it alone (cheap evaluation, no second drain).
+        instance.create_run_for_job(defs.resolve_job_def(DRAIN_JOB), tags=request.tags)
+        assert not _tick(defs, instance, "cdc_drain_sensor").run_requests
 
+        # The idle-source retry case: nothing new in the log, one parked message coming due. Every tick
+        # that finds it due (and no active run) requests a run; no run key, so Dagster never dedupes it.
+        source_db.execute("INSERT INTO t VALUES (1)")
+        drain(config)
+        store = Store(config.state.schema_name)
+        with psycopg.connect(config.state_dsn) as conn:
+            (lsn, idx), = conn.execute("SELECT commit_lsn, commit_idx FROM cdc_pipeline.change_log").fetchall()
+            store.sink_offset(conn, "mirror")
+            store.park(conn, "mirror", [((lsn, idx), None, "refused", 1)], [0])  # due now
+            store.advance_offset(conn, "mirror", (lsn, idx), 0, 0, 1, None)
+        for _ in range(3):
+            data = _tick(defs, instance, "cdc_delivery_sensor")
+            [request] = data.run_requests
+            assert isinstance(request, RunRequest) and request.run_key is None
+            assert request.job_name == "deliver_mirror" and request.tags[SINK_TAG] == "mirror"
+        assert {e.check_name for e in data.asset_events} <= {SINK_LAG_CHECK, PARKED_CHECK}
+        # While a delivery run is active for the sink, no second one.
+        instance.create_run_for_job(defs.resolve_job_def("deliver_mirror"), tags=request.tags)
+        assert not _tick(defs, instance, "cdc_delivery_sensor").run_requests
+
+
+def test_loads_as_a_dagster_component(source_db, db_factory, write_config, tmp_path):
+    from dagster.components.testing import create_defs_folder_sandbox
+
+    from cdc_pipeline.defs.component import CdcPipelineComponent
+
+    dest = db_factory()
+    data = mirror_config(source_db.dsn, dest.dsn, ["public.orders"])
+    with create_defs_folder_sandbox() as sandbox:
+        path = sandbox.scaffold_component(component_cls=CdcPipelineComponent, defs_yaml_contents={
+            "type": "cdc_pipeline.defs.component.CdcPipelineComponent", "attributes": {"config": "cdc.yaml"}})
+        (path / "cdc.yaml").write_text(yaml.safe_dump(data))
+        with sandbox.load_component_and_build_defs(defs_path=path) as (component, defs):
+            assert isinstance(component, CdcPipelineComponent)
+            graph = defs.resolve_asset_graph()
+            assert graph.get(SINK).parent_keys == {LOG, AssetKey(["cdc", "snapshot", "public", "orders"])}
+            assert graph.get(LOG).parent_keys == {AssetKey(["source", "public", "orders"])}
+            assert defs.get_sensor_def("cdc_drain_sensor") is not None
+
+
+def test_lag_checks_fail_when_the_pipeline_stalls(source_db, db_factory, write_config, tmp_path):
+    dest = db_factory()
+    source_db.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    data = mirror_config(source_db.dsn, dest.dsn, ["public.t"])
+    data["delivery"] = {"max_lag_seconds": 1}
+    config = write_config(data)
+    setup(config)
+    defs = _defs(tmp_path / "cdc.yaml")
+    source_db.execute("INSERT INTO t VALUES (1)")
+    drain(config)
+    time.sleep(1.5)  # nothing delivers: the change is older than delivery.max_lag_seconds
+    with DagsterInstance.ephemeral() as instance:
+        _tick.cursor = None  # type: ignore[attr-defined]
+        data = _tick(defs, instance, "cdc_delivery_sensor")
+        [lag] = [e for e in data.asset_events if e.check_name == SINK_LAG_CHECK]
+        assert lag.asset_key == SINK and not lag.passed and lag.metadata["lag_seconds"].value >= 1
+        # The slot is gone: the change log's check fails and says so.
+        source_db.execute("SELECT pg_drop_replication_slot('cdc_test')")
+        [slot] = _tick(defs, instance, "cdc_drain_sensor").asset_events
+        assert slot.check_name == SLOT_LAG_CHECK and not slot.passed and "does not exist" in slot.description
+
+
+def _started(instance, defs, job, tags):  # type: ignore[no-untyped-def]
+    from dagster import DagsterEvent, DagsterEventType
+
+    run = instance.create_run_for_job(defs.resolve_job_def(job), tags=tags)
+    instance.report_dagster_event(DagsterEvent(DagsterEventType.RUN_START.value, job_name=job), run.run_id)
+    return run
+
+
+def test_handover_to_a_warm_successor_near_the_end_of_a_run(source_db, db_factory, write_config, tmp_path):
+    """Near a run's planned end the sensor starts its successor, which waits (warm) for the predecessor
+    to finish and then takes over: the stream has no start-up gap, and runs stay one per run_minutes."""
+    from cdc_pipeline.defs.runs import AFTER_TAG
+
+    dest = db_factory()
+    source_db.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    data = mirror_config(source_db.dsn, dest.dsn, ["public.t"])
+    data["drain"].update(run_minutes=60)
+    data["delivery"] = {"run_minutes": 1}  # less than the handover lead: due for a successor at once
+    config = write_config(data)
+    setup(config)
+    source_db.execute("INSERT INTO t SELECT generate_series(1, 100)")
     drain(config)
     defs = _defs(tmp_path / "cdc.yaml")
-    asset = defs.resolve_assets_def(delivery_asset_key("mirror"))
-    result = defs.resolve_job_def("deliver_mirror").execute_in_process(run_config={
-        "ops": {asset.node_def.name: {"config": {"dry_run": True}}}})
-    assert result.success
-    # A dry run sends nothing and leaves the offset alone.
-    with psycopg.connect(dest.dsn) as conn:
-        assert conn.execute("SELECT to_regclass('mirror.t')").fetchone() == (None,)
-    with psycopg.connect(config.state_dsn) as conn:
-        row = conn.execute("SELECT commit_lsn FROM cdc_pipeline.sink_offsets WHERE sink = 'mirror'").fetchone()
-        assert row is None or row[0] == 0
+    with DagsterInstance.ephemeral() as instance:
+        _tick.cursor = None  # type: ignore[attr-defined]
+        drain_run = _started(instance, defs, DRAIN_JOB, {"dagster/sensor_name": "cdc_drain_sensor"})
+        assert not _tick(defs, instance, "cdc_drain_sensor").run_requests  # 60 min left: no successor yet
+        first = _started(instance, defs, "deliver_mirror", {SINK_TAG: "mirror", "dagster/sensor_name": "x"})
+        [request] = _tick(defs, instance, "cdc_delivery_sensor").run_requests
+        assert request.tags[AFTER_TAG] == first.run_id
+        instance.create_run_for_job(defs.resolve_job_def("deliver_mirror"), tags=request.tags)
+        assert not _tick(defs, instance, "cdc_delivery_sensor").run_requests  # one successor, not more
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _graphql(port: int, query: str) -> dict:  # type: ignore[type-arg]
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/graphql", data=json.dumps({"query": query}).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=10) as resp:
-        return json.loads(resp.read())  # type: ignore[no-any-return]
-
-
-def test_dagster_dev_shows_sensors_and_jobs(source_db, db_factory, write_config, tmp_path, pg_admin_dsn):
-    dest = db_factory()
-    storage = db_factory()
-    source_db.execute("CREATE TABLE t (id int PRIMARY KEY)")
-    config = write_config(mirror_config(source_db.dsn, dest.dsn, ["public.t"]))
-    setup(config)
-    home = tmp_path / "dagster_home"
-    home.mkdir()
-    root = Path(__file__).resolve().parents[2]
-    (home / "dagster.yaml").write_text((root / "dagster.yaml").read_text())
-    conn = psycopg.conninfo.conninfo_to_dict(storage.dsn)
-    port = _free_port()
-    env = dict(os.environ, DAGSTER_HOME=str(home), CDC_CONFIG=str(tmp_path / "cdc.yaml"),
-               DAGSTER_PG_URL=f"postgresql+psycopg2://{conn['user']}@/{conn['dbname']}?host={conn['host']}"
-                              f"&port={conn['port']}")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "dagster", "dev", "-w", str(root / "workspace.yaml"), "-p", str(port),
-         "-h", "127.0.0.1"], cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        names: dict[str, list[str]] = {}
-        while time.monotonic() < deadline:
-            try:
-                data = _graphql(port, "{ repositoriesOrError { ... on RepositoryConnection { nodes { "
-                                      "name sensors { name } jobs { name } } } } }")
-                nodes = data["data"]["repositoriesOrError"]["nodes"]
-                if nodes:
-                    names = {"sensors": [s["name"] for n in nodes for s in n["sensors"]],
-                             "jobs": [j["name"] for n in nodes for j in n["jobs"]]}
-                    break
-            except (OSError, KeyError, TypeError):
-                pass
-            time.sleep(2)
-        assert "cdc_drain_sensor" in names.get("sensors", []), names
-        assert "cdc_delivery_sensor" in names["sensors"]
-        assert "deliver_mirror" in names["jobs"]
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        # The successor waits for its predecessor, then delivers.
+        finisher = threading.Timer(3.0, lambda: instance.report_run_canceled(first))
+        finisher.start()
+        started = time.monotonic()
+        run = defs.resolve_job_def("deliver_mirror").execute_in_process(
+            instance=instance, tags={**request.tags},
+            run_config={"ops": {"sink__mirror": {"config": {"until_idle": True}}}})
+        assert run.success and time.monotonic() - started >= 3.0
+        logs = "\n".join(e.user_message for e in instance.all_logs(run.run_id))
+        assert f"run {first.run_id} finished; taking over" in logs
+        assert instance.get_run_by_id(drain_run.run_id).status.value == "STARTED"
+    assert assert_mirrored(source_db.dsn, "public.t", dest.dsn, "mirror.t") == 100

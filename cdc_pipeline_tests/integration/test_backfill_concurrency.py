@@ -212,3 +212,41 @@ def test_sigkilled_backfill_process_resumes_from_its_checkpoint(source_db, db_fa
     print(figures, f"rows read {info.rows_read}, dropped {info.rows_dropped}, pages {len(pages)}, "
           f"page reads {attempts} for {kills} kills")
     assert figures["reads"] == info.rows_read - info.rows_dropped
+
+
+def test_two_partitions_backfilled_side_by_side_under_writers(source_db, db_factory, write_config, spark):
+    """Two windows of one table to the same sinks at once (backfill.max_parallel): neither waits for the
+    other, and the mirror and the append sink end as exactly as with one backfill."""
+    dest = db_factory()
+    make_table(source_db)
+    config = write_config(two_sinks(source_db, dest, max_page_size=10000))
+    setup(config)
+    windows = [("1", str(ROWS // 2)), (str(ROWS // 2), str(10**9))]
+    results: list[Any] = []
+    errors: list[BaseException] = []
+    running = threading.Barrier(2)
+
+    def run(start: str, end: str) -> None:
+        try:
+            running.wait(30)
+            request = BackfillRequest("public.acct", sort_column="id", start=start, end=end)
+            results.append(Backfiller(config, request, wait_if_busy=False).run())  # a conflict would raise
+        except BaseException as exc:
+            errors.append(exc)
+
+    with drain_running(config), Writers(source_db.dsn, config.state_dsn, seed=3) as writers:
+        threads = [threading.Thread(target=run, args=w) for w in windows]
+        for t in threads:
+            t.start()
+        time.sleep(1.0)
+        with psycopg.connect(config.state_dsn) as conn:
+            active = [i for i in BackfillStore("cdc_pipeline").list(conn, active_only=True) if i.alive]
+        for t in threads:
+            t.join(600)
+        time.sleep(0.5)
+    assert not errors, errors
+    assert len(active) == 2, "the two windows did not run side by side"
+    assert sorted(r.status for r in results) == ["completed", "completed"]
+    figures = check_final_state(config, source_db, dest, spark)
+    print(figures, writers.counts)
+    assert figures["reads"] == sum(r.rows_emitted for r in results)

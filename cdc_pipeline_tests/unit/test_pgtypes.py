@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cdc_pipeline.postgres import pgtypes
+from cdc_pipeline.postgres import pgjson
 from cdc_pipeline.postgres.pgtypes import OID, converter, dumps, parse_array, to_json_value
 
 hyp = settings(database=None, max_examples=150, suppress_health_check=[HealthCheck.too_slow])
@@ -675,12 +675,12 @@ def test_dumps_matches_reference_model(value: object) -> None:
 def test_fast_encoder_matches_stdlib_encoder(value: object) -> None:
     # dumps() reuses one C-level encoder; it must agree with the documented JSONEncoder fallback.
     try:
-        expected = pgtypes._ENCODER.encode(value)
+        expected = pgjson._ENCODER.encode(value)
     except ValueError:  # non-finite floats: both paths must reject them so dumps() can sanitise
         with pytest.raises(ValueError):
-            pgtypes._encode(value)
+            pgjson._encode(value)
         return
-    assert pgtypes._encode(value) == expected
+    assert pgjson._encode(value) == expected
 
 
 def test_to_json_value() -> None:

@@ -1,0 +1,193 @@
+"""Reading a backfill's pages from the source and staging them in the state database.
+
+One page: the low watermark (its own transaction), then in one REPEATABLE READ transaction
+``pg_current_snapshot()`` and the keyset select under ``SET LOCAL statement_timeout``, its rows staged
+with the snapshot and the page's cursor; then the high watermark. When the state lives in the source
+database, reading and staging are one ``INSERT ... SELECT`` (the rows never leave the server); otherwise
+they are streamed ``COPY TO`` -> ``COPY FROM``, a block at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import psycopg
+from psycopg import sql
+
+from cdc_pipeline.backfill.copytext import parse_line
+from cdc_pipeline.backfill.request import TableShape
+from cdc_pipeline.backfill.state import BackfillSpec
+from cdc_pipeline.backfill.watermark import WATERMARK_PREFIX, Watermark, page_token
+from cdc_pipeline.postgres import catalog
+from cdc_pipeline.postgres.keyset import count_query, page_query
+from cdc_pipeline.state.backfill_pages import PageStore
+from cdc_pipeline.state.relations import upsert_relation
+
+COPY_BLOCK = 1 << 20
+# jsonb refuses a NUL escape that a `json` value may hold: such a row is read through to_json (which keeps
+# json values as they are) with each escape turned into an escaped backslash, as the drain logs it
+# (capture/json_text.py: escape_nul).
+_NUL_ESCAPE = sql.Literal(r"(?<!\\)((?:\\\\)*)\\u0000")
+_ESCAPED_NUL = sql.Literal(r"\1\\\\u0000")
+
+
+def _escape(name: str) -> str:
+    return name.replace("%", "%%")  # see postgres/keyset.py: queries are rendered with % formatting
+
+
+def _render(conn: psycopg.Connection, query: sql.Composable, params: Sequence[object]) -> str:
+    """The query with its %s placeholders replaced by literals (COPY takes no parameters). Values go
+    in as untyped literals, so PostgreSQL reads each with the type of the column it meets."""
+    return query.as_string(conn) % tuple(sql.Literal(p).as_string(conn) for p in params)
+
+
+def page_sql(conn: psycopg.Connection, shape: TableShape, backfill_id: str, page_no: int,
+             cursor: Sequence[str] | None, start: str | None, end: str | None, limit: int) -> str:
+    """SELECT (backfill_id, page_no, seq, pk, record, cursor) for one page; cursor is set on its last row only.
+
+    ``pk`` is the JSON array text of the key as the drain writes it (``[1, "a"]``); ``record`` is
+    ``to_jsonb`` of the row, as the drain's records are.
+    """
+    inner, inner_params = page_query(shape.schema, shape.name, None, shape.keyset, after=cursor, limit=limit,
+                                     lower=[start] if start is not None else None, upper=end,
+                                     sort_nullable=shape.sort_nullable)
+    col = {c: sql.SQL("p.{}").format(sql.Identifier(_escape(c))) for c in (*shape.keyset, *shape.primary_key)}
+    record: sql.Composable = sql.SQL("to_jsonb(p)")
+    if shape.has_json:
+        record = sql.SQL("regexp_replace(to_json(p)::text, {}, {}, 'g')::jsonb").format(_NUL_ESCAPE, _ESCAPED_NUL)
+    params: list[object] = [backfill_id, page_no]
+    if shape.generated:  # pgoutput does not send generated columns; nor do reads
+        record = sql.SQL("({} - %s::text[])").format(record)
+        params.append(list(shape.generated))
+    query = sql.SQL(
+        "SELECT %s, %s, row_number() OVER w, jsonb_build_array({pk})::text, {record}, "
+        "CASE WHEN lead(true) OVER w IS NULL THEN jsonb_build_array({cursor})::text END "
+        "FROM ({inner}) p WINDOW w AS (ORDER BY {order})"
+    ).format(
+        pk=sql.SQL(", ").join(col[k] for k in shape.primary_key),
+        record=record,
+        cursor=sql.SQL(", ").join(sql.SQL("{}::text").format(col[k]) for k in shape.keyset),
+        inner=inner,
+        order=sql.SQL(", ").join(col[k] for k in shape.keyset),
+    )
+    return _render(conn, query, [*params, *inner_params])
+
+
+@dataclass
+class Page:
+    rows: int
+    cursor: list[str] | None
+    read_ms: float
+    token: str
+
+
+def parse_cursor(text: str | None) -> list[str] | None:
+    return None if text is None else [str(v) for v in json.loads(text)]
+
+
+def emit(src: psycopg.Connection, mark: Watermark) -> None:
+    if mark.kind == "low":
+        src.execute("SELECT pg_logical_emit_message(true, %s, %s)", (WATERMARK_PREFIX, mark.encode()))
+    else:
+        # The high watermark carries its own xid: assigned after the page's snapshot, it bounds the
+        # transactions the snapshot may have missed (watermark.Snapshot.unseen).
+        src.execute("SELECT pg_logical_emit_message(true, %s, json_build_object('id', %s::text, 'page', "
+                    "%s::int, 'kind', 'high', 'xid', pg_current_xact_id()::text, 'token', %s::text)::text)",
+                    (WATERMARK_PREFIX, mark.backfill_id, mark.page, mark.token))
+
+
+@dataclass(frozen=True)
+class PageReader:
+    """Reads pages of one backfill's table (``spec``) and stages them in the state schema."""
+
+    schema: str  # the state schema
+    spec: BackfillSpec
+    shape: TableShape
+    same_db: bool
+    max_query_ms: int
+
+    def read_and_stage(self, src: psycopg.Connection, state: psycopg.Connection, bid: str, page_no: int,
+                       cursor: list[str] | None, size: int) -> Page:
+        select = page_sql(src, self.shape, bid, page_no, cursor, self.spec.start, self.spec.end, size)
+        pages = PageStore(self.schema)
+        timeout = sql.SQL("SET LOCAL statement_timeout = {}").format(sql.Literal(self.max_query_ms))
+        if self.same_db:
+            # The state lives in the source database: read and stage in one statement, in the
+            # page's own transaction, so the rows never leave the server.
+            with src.transaction():
+                snap, read_at = src.execute("SELECT pg_current_snapshot()::text, now()").fetchone()  # type: ignore[misc]
+                src.execute(timeout)
+                t0 = time.perf_counter()
+                row = src.execute(sql.SQL(
+                    "WITH ins AS (INSERT INTO {} {} RETURNING cursor) SELECT count(*), max(cursor) FROM ins"
+                ).format(pages.rows_table(), sql.SQL(select))).fetchone()
+                read_ms = (time.perf_counter() - t0) * 1000
+                assert row is not None
+                rows, last_cursor = int(row[0]), row[1]
+                src.execute("SET LOCAL statement_timeout = 0")
+                cur = parse_cursor(last_cursor)
+                pages.record_page(src, bid, page_no, snap, read_at, size, rows, read_ms, cur)
+            return Page(rows, cur, read_ms, page_token(snap, read_at))
+        # The state lives elsewhere: stream COPY TO -> COPY FROM, a block at a time, so memory stays
+        # bounded whatever the page and row sizes. The page's time includes staging, as above.
+        rows = 0
+        last = b""
+        with state.transaction(), src.transaction():
+            snap, read_at = src.execute("SELECT pg_current_snapshot()::text, now()").fetchone()  # type: ignore[misc]
+            src.execute(timeout)
+            t0 = time.perf_counter()
+            with state.cursor().copy(sql.SQL("COPY {} FROM STDIN").format(pages.rows_table())) as sink, \
+                    src.cursor().copy(sql.SQL("COPY ({}) TO STDOUT").format(sql.SQL(select))) as source:
+                block: list[bytes] = []
+                block_bytes = 0
+                for data in source:  # one row per chunk
+                    last = bytes(data)
+                    block.append(last)
+                    block_bytes += len(last)
+                    rows += 1
+                    if block_bytes >= COPY_BLOCK:
+                        sink.write(b"".join(block))
+                        block, block_bytes = [], 0
+                if block:
+                    sink.write(b"".join(block))
+            read_ms = (time.perf_counter() - t0) * 1000
+            cur = parse_cursor(parse_line(last)[-1]) if rows else None
+            pages.record_page(state, bid, page_no, snap, read_at, size, rows, read_ms, cur)
+        return Page(rows, cur, read_ms, page_token(snap, read_at))
+
+    def estimate(self, src: psycopg.Connection) -> int | None:
+        """Rows in the window: counted under the time limit, else the planner's estimate (full backfills)."""
+        shape = self.shape
+        query, params = count_query(shape.schema, shape.name, shape.keyset,
+                                    lower=[self.spec.start] if self.spec.start is not None else None,
+                                    upper=self.spec.end, sort_nullable=shape.sort_nullable)
+        try:
+            with src.transaction():
+                src.execute(sql.SQL("SET LOCAL statement_timeout = {}").format(sql.Literal(self.max_query_ms)))
+                row = src.execute(query, params).fetchone()
+                return int(row[0]) if row else None
+        except psycopg.errors.QueryCanceled:
+            if self.spec.sort_column is not None:
+                return None
+            row = src.execute("SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = "
+                              "to_regclass(format('%%I.%%I', %s::text, %s::text))", (shape.schema, shape.name)).fetchone()
+            return int(row[0]) if row else None
+
+    def ensure_relation(self, src: psycopg.Connection, state: psycopg.Connection) -> None:
+        """Sinks learn a table's columns from the drain's Relation messages, which only come with a change:
+        a table that has not changed since the slot was created is described here, from the catalog, as
+        the drain would (generated columns left out, as pgoutput does)."""
+        shape = self.shape
+        info = catalog.describe_table(src, shape.schema, shape.name)
+        row = src.execute("SELECT to_regclass(format('%%I.%%I', %s::text, %s::text))::oid",
+                          (shape.schema, shape.name)).fetchone()
+        if info is None or row is None:
+            return
+        columns = [{"name": c.name, "type_oid": c.type_oid, "type_sql": c.type_sql,
+                    "key": info.replica_identity == "f" or c.in_primary_key}
+                   for c in info.columns if c.name not in shape.generated]
+        upsert_relation(state, self.schema, shape.schema, shape.name, int(row[0]), info.replica_identity, columns,
+                        info.primary_key, replace=False)

@@ -1,0 +1,88 @@
+"""What a backfill reads: the request as asked for, checked against the config, and the table's shape."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import psycopg
+
+from cdc_pipeline.backfill.state import BackfillError, BackfillSpec
+from cdc_pipeline.config import PipelineConfig
+from cdc_pipeline.postgres import catalog
+
+
+@dataclass(frozen=True)
+class BackfillRequest:
+    """A backfill as asked for by the CLI or a Dagster run (resolved against the config by the runner)."""
+
+    table: str
+    sinks: tuple[str, ...] = ()  # empty: every sink that receives the table
+    sort_column: str | None = None  # None: the table's sort_column when start/end are given
+    start: str | None = None  # inclusive
+    end: str | None = None  # exclusive
+    max_query_ms: int | None = None  # None: backfill.max_query_ms from the config
+    origin: str = "cli"
+
+
+@dataclass(frozen=True)
+class TableShape:
+    schema: str
+    name: str
+    primary_key: tuple[str, ...]
+    keyset: tuple[str, ...]
+    sort_nullable: bool
+    generated: tuple[str, ...]
+    sort_indexed: bool
+    has_json: bool = False  # a `json` column: values may hold NUL escapes (see backfill/reader.py)
+
+
+def resolve(config: PipelineConfig, request: BackfillRequest) -> BackfillSpec:
+    """The request checked against the config: table, sinks (default: all of the table's), window."""
+    table = config.table(request.table)
+    if request.sinks:
+        for name in request.sinks:
+            sink = config.sink(name)
+            if table.qualified not in sink.tables:
+                raise BackfillError(f"sink {name!r} does not receive {table.qualified} "
+                                    f"(its tables: {', '.join(sink.tables)})")
+        sinks = tuple(dict.fromkeys(request.sinks))
+    else:
+        sinks = tuple(s.name for s in config.sinks if table.qualified in s.tables)
+        if not sinks:
+            raise BackfillError(f"no sink receives {table.qualified}: add it to a sink's tables, or name one")
+    sort = request.sort_column
+    if sort is None and (request.start is not None or request.end is not None):
+        sort = table.sort_column
+        if sort is None:
+            raise BackfillError(f"a start or end position needs a sort column: pass --sort-column, or set "
+                                f"sort_column for {table.qualified} in the config")
+    return BackfillSpec(table.qualified, tuple(sorted(sinks)), sort, request.start, request.end)
+
+
+def table_shape(conn: psycopg.Connection, spec: BackfillSpec) -> TableShape:
+    """The table's key, keyset order and generated columns, from the source catalog."""
+    info = catalog.describe_table(conn, spec.schema_name, spec.table_name)
+    if info is None:
+        raise BackfillError(f"table {spec.table} does not exist in the source database")
+    if not info.primary_key:
+        raise BackfillError(f"table {spec.table} has no primary key: a backfill pages by it "
+                            f"(ALTER TABLE {spec.table} ADD PRIMARY KEY (...))")
+    rel = "to_regclass(format('%%I.%%I', %s::text, %s::text))"
+    attrs = {r[0]: (bool(r[1]), bool(r[2])) for r in conn.execute(
+        f"SELECT attname, attnotnull, attgenerated <> '' FROM pg_attribute WHERE attrelid = {rel} "
+        "AND attnum > 0 AND NOT attisdropped", (spec.schema_name, spec.table_name)).fetchall()}
+    generated = tuple(name for name, (_, gen) in attrs.items() if gen)
+    has_json = any(c.type_oid == 114 for c in info.columns if c.name not in generated)
+    sort = spec.sort_column
+    if sort is None:
+        return TableShape(spec.schema_name, spec.table_name, info.primary_key, info.primary_key, False, generated, True,
+                          has_json)
+    if sort not in attrs:
+        raise BackfillError(f"sort column {sort!r} does not exist in {spec.table}")
+    row = conn.execute(
+        f"SELECT EXISTS (SELECT 1 FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
+        f"AND a.attnum = i.indkey[0] WHERE i.indrelid = {rel} AND a.attname = %s AND i.indpred IS NULL)",
+        (spec.schema_name, spec.table_name, sort)).fetchone()
+    keyset = (sort, *(k for k in info.primary_key if k != sort))
+    return TableShape(spec.schema_name, spec.table_name, info.primary_key, keyset, not attrs[sort][0], generated,
+                      bool(row and row[0]), has_json)

@@ -1,0 +1,145 @@
+"""A gap: the state database's progress is behind what the slot has confirmed.
+
+The drain acknowledges the slot only after the log commits, so this happens when the state database was
+restored from an older backup (or the slot was advanced by hand): the transactions between the two
+positions were acknowledged, the slot cannot replay them, and the log does not hold them. The drain never
+streams past a gap silently. ``drain.on_gap``:
+
+* ``stop``: exit non-zero naming the tables and the LSN range, proposing a backfill;
+* ``backfill``: in one state transaction, register a full backfill of every configured table that a sink
+  receives, write a ``truncate`` of each at the gap (so a mirror also drops rows deleted during the
+  gap; other sinks ignore truncates) and accept the slot's position. The backfills then run in threads
+  of this drain process, which reconciles their pages as usual; a drain restarted before they finish
+  resumes them (they are the durable record of the gap: origin ``drain gap A..B``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import psycopg
+from psycopg import sql
+
+from cdc_pipeline.config import PipelineConfig
+from cdc_pipeline.postgres import session
+from cdc_pipeline.postgres.replication import int_to_lsn
+
+log = logging.getLogger(__name__)
+
+ORIGIN = "drain gap"
+
+
+@dataclass(frozen=True)
+class Gap:
+    committed: int  # the state database's progress
+    confirmed: int  # the slot's confirmed_flush_lsn
+    tables: tuple[str, ...]
+
+    def describe(self) -> str:
+        return (f"changes committed between LSN {int_to_lsn(self.committed)} and {int_to_lsn(self.confirmed)} "
+                f"to {', '.join(self.tables)}")
+
+    @property
+    def origin(self) -> str:
+        return f"{ORIGIN} {int_to_lsn(self.committed)}..{int_to_lsn(self.confirmed)}"
+
+
+def stop_message(config: PipelineConfig, gap: Gap) -> str:
+    tables = " ".join(gap.tables)
+    return (f"gap in the change log: the state database's progress (LSN {int_to_lsn(gap.committed)}) is behind "
+            f"replication slot {config.source.slot!r} (confirmed LSN {int_to_lsn(gap.confirmed)}); was the state "
+            f"database restored from an older backup? The slot cannot replay the {gap.describe()}: they are "
+            f"not in the log, and the drain will not stream past them. Fix: backfill those tables: set "
+            f"`drain.on_gap: backfill` and start the drain again (it accepts the slot's position and backfills "
+            f"{tables}), or accept it by hand and run `cdc-pipeline backfill TABLE` for each")
+
+
+def record(config: PipelineConfig, source: psycopg.Connection, gap: Gap) -> list[str]:
+    """Register the gap's backfills, truncate markers and the new progress in one state transaction.
+    Returns the tables that get a backfill (a table no sink receives has nothing to backfill into)."""
+    from cdc_pipeline.backfill.request import BackfillRequest, resolve, table_shape
+    from cdc_pipeline.backfill.state import BackfillStore
+
+    store = BackfillStore(config.state.schema_name)
+    now = datetime.now(UTC)
+    queued: list[str] = []
+    with session.connect(config.state_dsn, durable=True, application_name="cdc_pipeline.drain") as state, \
+            state.transaction():
+            for i, table in enumerate(gap.tables):
+                if not any(table in s.tables for s in config.sinks):
+                    log.warning("gap: no sink receives %s: nothing to backfill", table)
+                    continue
+                spec = resolve(config, BackfillRequest(table, origin=gap.origin))
+                shape = table_shape(source, spec)
+                bid, _ = store.claim(state, spec, shape.primary_key, shape.keyset, gap.origin, None)
+                # Just before the slot's position, after everything the log holds (see the module doc).
+                state.execute(sql.SQL(
+                    "INSERT INTO {}.change_log (commit_lsn, commit_idx, table_schema, table_name, action, "
+                    "commit_ts, backfill_id) VALUES (%s, %s, %s, %s, 'truncate', %s, %s)").format(store.s),
+                    (gap.confirmed - 1, i, spec.schema_name, spec.table_name, now, bid))
+                queued.append(table)
+            state.execute(sql.SQL(
+                "UPDATE {}.slot_progress SET committed_lsn = %s, updated_at = now() WHERE slot = %s"
+            ).format(store.s), (gap.confirmed, config.source.slot))
+    # Closing the connection released the runner locks claim() took: the threads take them over.
+    return queued
+
+
+class GapBackfills:
+    """Runs the active gap backfills of this pipeline in threads of the drain process."""
+
+    def __init__(self, config: PipelineConfig) -> None:
+        self.config = config
+        self._threads: dict[str, threading.Thread] = {}
+        self._runners: dict[str, object] = {}
+        self.errors: list[str] = []
+
+    def pending(self, state: psycopg.Connection) -> list[tuple[str, str]]:
+        """(id, schema.table) of active gap backfills no process is running."""
+        from cdc_pipeline.backfill.state import lock_held_sql
+
+        alive = lock_held_sql(sql.SQL("'cdc_pipeline.backfill:' || id"))
+        rows = state.execute(sql.SQL(
+            "SELECT id, table_schema || '.' || table_name FROM {}.backfills WHERE status IN ('running', 'paused') "
+            "AND origin LIKE %s AND NOT {} ORDER BY created_at").format(
+                sql.Identifier(self.config.state.schema_name), alive), (f"{ORIGIN} %",)).fetchall()
+        state.commit()
+        return [(str(r[0]), str(r[1])) for r in rows]
+
+    def start(self, state: psycopg.Connection) -> None:
+        from cdc_pipeline.backfill.engine import Backfiller, BackfillRequest
+
+        for bid, table in self.pending(state):
+            thread = self._threads.get(table)
+            if thread is not None and thread.is_alive():
+                continue
+            runner = Backfiller(self.config, BackfillRequest(table, origin=ORIGIN), wait_if_busy=True)
+            self._runners[table] = runner
+
+            def run(runner: Backfiller = runner, bid: str = bid) -> None:
+                try:
+                    progress = runner.run()
+                    log.warning("gap backfill %s of %s: %s", bid, runner.spec.table, progress.status)
+                except BaseException as exc:  # the next drain session resumes it
+                    self.errors.append(f"{type(exc).__name__}: {exc}")
+                    log.warning("gap backfill %s failed (%s); it resumes with the next drain session", bid, exc)
+
+            log.warning("gap: backfilling %s (backfill %s) in this drain process", table, bid)
+            self._threads[table] = thread = threading.Thread(target=run, name=f"gap-backfill-{table}", daemon=True)
+            thread.start()
+
+    def running(self) -> bool:
+        return any(t.is_alive() for t in self._threads.values())
+
+    def signal_stop(self) -> None:
+        for runner in self._runners.values():
+            runner.stop()  # type: ignore[attr-defined]
+
+    def stop(self, timeout: float = 60) -> None:
+        self.signal_stop()
+        for thread in self._threads.values():
+            thread.join(timeout)
+

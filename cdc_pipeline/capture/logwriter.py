@@ -1,0 +1,66 @@
+"""The drain's writes to the state database: change-log rows by COPY, relations, slot progress.
+
+All of it happens in the drain's one open state transaction; :meth:`LogWriter.commit` commits the rows
+together with the slot progress row, so the log and its recorded position never disagree.
+"""
+
+from __future__ import annotations
+
+import psycopg
+from psycopg import sql
+
+from cdc_pipeline.capture.changes import LOG_COLUMNS, LogRow
+
+
+class LogWriter:
+    def __init__(self, schema: str, slot: str, chunk_rows: int, chunk_bytes: int) -> None:
+        self.s = sql.Identifier(schema)
+        self.slot = slot
+        self.chunk_rows = chunk_rows
+        self.chunk_bytes = chunk_bytes
+        self.rows: list[LogRow] = []
+        self.bytes = 0
+        self.copies = 0
+        self._copy_sql = sql.SQL("COPY {}.change_log ({}) FROM STDIN").format(
+            self.s, sql.SQL(", ").join(map(sql.Identifier, LOG_COLUMNS)))
+
+    def add(self, row: LogRow, state: psycopg.Connection) -> None:
+        """Buffer a row; write the buffer once it holds ``chunk_rows`` rows or ``chunk_bytes`` bytes, so a
+        transaction of large documents never piles up in memory."""
+        self.rows.append(row)
+        self.bytes += len(row[7] or "") + len(row[8] or "")
+        if len(self.rows) >= self.chunk_rows or self.bytes >= self.chunk_bytes:
+            self.flush(state)
+
+    def flush(self, state: psycopg.Connection) -> None:
+        if not self.rows:
+            return
+        with state.cursor() as cur, cur.copy(self._copy_sql) as copy:
+            for row in self.rows:
+                copy.write_row(row)
+        self.copies += 1
+        self.discard()
+
+    def discard(self) -> None:
+        self.rows.clear()
+        self.bytes = 0
+
+    def commit(self, state: psycopg.Connection, end_lsn: int, ts: object) -> None:
+        self.flush(state)
+        self.save_progress(state, end_lsn, ts)
+        state.commit()
+
+    def save_progress(self, state: psycopg.Connection, end_lsn: int, ts: object) -> None:
+        state.execute(sql.SQL(
+            "INSERT INTO {}.slot_progress AS p (slot, committed_lsn, last_commit_ts, last_heartbeat_at, "
+            "updated_at) VALUES (%s, %s, %s, now(), now()) ON CONFLICT (slot) DO UPDATE SET "
+            "committed_lsn = excluded.committed_lsn, last_commit_ts = coalesce(excluded.last_commit_ts, "
+            "p.last_commit_ts), last_heartbeat_at = now(), updated_at = now()").format(self.s),
+            (self.slot, end_lsn, ts))
+
+    def load_progress(self, state: psycopg.Connection) -> int | None:
+        """The recorded progress, or None when this slot never committed anything to this log."""
+        row = state.execute(sql.SQL("SELECT committed_lsn FROM {}.slot_progress WHERE slot = %s").format(self.s),
+                            (self.slot,)).fetchone()
+        state.commit()
+        return int(row[0]) if row else None

@@ -1,0 +1,63 @@
+"""The pipeline's YAML configuration (``cdc.yaml``): loading, interpolation, models, error lines.
+
+Contract (DESIGN.md, "Config"): the path comes from ``--config`` or ``CDC_CONFIG``; ``${VAR}`` and
+``${VAR:-default}`` are interpolated from the environment; every problem is reported as one line naming
+the file, the key path and what is wrong, and secrets never appear in those lines.
+
+Modules: ``loading`` (file, YAML, interpolation), ``errors`` (ConfigError, redaction),
+``error_lines`` (pydantic errors as user lines), ``models`` (the sections and PipelineConfig),
+``tables``, ``sinks``, ``destinations`` and ``api_sources`` (one model per sink type).
+"""
+
+from cdc_pipeline.config.api_sources import ApiCollectionConfig, ApiSourceConfig, RateLimitConfig
+from cdc_pipeline.config.destinations import (
+    Destination,
+    NatsDestination,
+    ParquetDestination,
+    PostgresDestination,
+    RabbitMQDestination,
+    RedisStreamDestination,
+    WebhookDestination,
+)
+from cdc_pipeline.config.errors import ConfigError, redact
+from cdc_pipeline.config.loading import CONFIG_ENV_VAR, load_config, parse_config
+from cdc_pipeline.config.models import (
+    BackfillConfig,
+    DeliveryConfig,
+    DrainConfig,
+    PipelineConfig,
+    SourceConfig,
+    SparkConfig,
+    StateConfig,
+)
+from cdc_pipeline.config.sinks import BackoffConfig, SinkConfig
+from cdc_pipeline.config.tables import PartitionsConfig, TableConfig
+
+__all__ = [
+    "CONFIG_ENV_VAR",
+    "ApiCollectionConfig",
+    "ApiSourceConfig",
+    "BackfillConfig",
+    "BackoffConfig",
+    "ConfigError",
+    "DeliveryConfig",
+    "Destination",
+    "DrainConfig",
+    "NatsDestination",
+    "ParquetDestination",
+    "PartitionsConfig",
+    "PipelineConfig",
+    "PostgresDestination",
+    "RabbitMQDestination",
+    "RateLimitConfig",
+    "RedisStreamDestination",
+    "SinkConfig",
+    "SourceConfig",
+    "SparkConfig",
+    "StateConfig",
+    "TableConfig",
+    "WebhookDestination",
+    "load_config",
+    "parse_config",
+    "redact",
+]

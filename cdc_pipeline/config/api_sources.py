@@ -1,0 +1,208 @@
+"""API sources: SaaS APIs (Salesforce-style, HubSpot-style, generic REST) synced into Postgres tables.
+
+Credentials are given as the NAMES of environment variables, never as values, so a config file can be
+committed and shown in the UI.
+"""
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from cdc_pipeline.config.base import ENV_NAME_RE, SINK_NAME_RE, StrictModel, identifier, qualify
+from cdc_pipeline.config.errors import Loc, fail
+
+# Postgres types a selected field may be stored as (typed column next to the whole record as jsonb).
+COLUMN_TYPES = ("text", "integer", "bigint", "numeric", "double precision", "boolean", "timestamptz", "date",
+                "jsonb")
+
+
+def _env_name(value: str | None) -> str | None:
+    if value is not None and not ENV_NAME_RE.match(value):
+        # Never echo the value: it is probably the secret itself.
+        raise ValueError("must be the NAME of an environment variable (e.g. HUBSPOT_TOKEN), never the secret itself")
+    return value
+
+
+class BearerAuth(StrictModel):
+    type: Literal["bearer"] = "bearer"
+    token_env: str
+
+    @field_validator("token_env")
+    @classmethod
+    def _check_env(cls, value: str) -> str | None:
+        return _env_name(value)
+
+
+class OAuthClientCredentials(StrictModel):
+    """OAuth2 client credentials (Salesforce-style): a token fetched, and refreshed when it expires."""
+
+    type: Literal["oauth_client_credentials"] = "oauth_client_credentials"
+    token_url: str | None = None  # default: {base_url}/services/oauth2/token
+    client_id_env: str
+    client_secret_env: str
+
+    @field_validator("client_id_env", "client_secret_env")
+    @classmethod
+    def _check_env(cls, value: str) -> str | None:
+        return _env_name(value)
+
+    @field_validator("token_url")
+    @classmethod
+    def _check_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL")
+        return value
+
+
+Auth = Annotated[BearerAuth | OAuthClientCredentials, Field(discriminator="type")]
+
+
+class RateLimitConfig(StrictModel):
+    requests: int = Field(gt=0)  # the API's quota: `requests` per `per_seconds`
+    per_seconds: float = Field(gt=0)
+    share: float = Field(default=0.5, gt=0, le=1)  # the fraction of the quota this pipeline may use
+
+    @property
+    def budget(self) -> int:
+        """Requests we may make per window (at least one)."""
+        return max(1, int(self.requests * self.share))
+
+
+class ApiCollectionConfig(StrictModel):
+    name: str = Field(min_length=1)  # the API object: Account, contacts, /v1/tickets ...
+    table: str  # destination table, 'schema.table' or 'table' (public)
+    # Defaults per source type (see DEFAULT_FIELDS), filled in before validation.
+    id_field: str = Field(min_length=1)
+    cursor_field: str = Field(min_length=1)
+    fields: dict[str, str] = Field(default_factory=dict)  # API field -> Postgres type (column = lower-cased name)
+    path: str | None = None  # rest: the collection's path under base_url (default: /{name})
+    page_size: int = Field(default=200, gt=0, le=10000)
+
+    @field_validator("table")
+    @classmethod
+    def _check_table(cls, value: str) -> str:
+        return qualify(value)
+
+    @field_validator("fields")
+    @classmethod
+    def _check_fields(cls, value: dict[str, str]) -> dict[str, str]:
+        problems: list[tuple[Loc, str]] = []
+        columns: dict[str, str] = {}
+        for name, kind in value.items():
+            column = name.lower()
+            try:
+                identifier(column)
+            except ValueError as e:
+                problems.append(((name,), str(e)))
+                continue
+            if column in ("id", "modified_at", "record", "synced_at"):
+                problems.append(((name,), f"column {column!r} is reserved (id, modified_at, record, synced_at)"))
+            elif column in columns:
+                problems.append(((name,), f"same column {column!r} as field {columns[column]!r}"))
+            columns[column] = name
+            if kind not in COLUMN_TYPES:
+                problems.append(((name,), f"type must be one of {', '.join(COLUMN_TYPES)} (got {kind!r})"))
+        if problems:
+            fail(*problems)
+        return value
+
+    @property
+    def columns(self) -> dict[str, tuple[str, str]]:
+        """Column name -> (API field, Postgres type)."""
+        return {name.lower(): (name, kind) for name, kind in self.fields.items()}
+
+
+DEFAULT_FIELDS = {  # source type -> (id field, modification-time cursor field)
+    "salesforce": ("Id", "SystemModstamp"),
+    "hubspot": ("id", "hs_lastmodifieddate"),
+    "rest": ("id", "updated_at"),
+}
+
+
+class ApiSourceConfig(StrictModel):
+    name: str
+    type: Literal["salesforce", "hubspot", "rest"]
+    base_url: str
+    auth: Auth | None = None
+    rate_limit: RateLimitConfig
+    dsn: str | None = Field(default=None, min_length=1)  # destination database; default the source's
+    collections: list[ApiCollectionConfig] = Field(min_length=1)
+    # How often deletes are looked for where the API only exposes them by absence (rest: full id sweep)
+    # or in a separate listing (hubspot: archived objects).
+    delete_check_seconds: float = Field(default=3600, gt=0)
+    max_lag_seconds: float | None = Field(default=None, gt=0)  # asset check ceiling; default 2 x computed
+    request_timeout_seconds: float = Field(default=30, gt=0)
+    max_retries: int = Field(default=8, ge=0)
+    api_version: str = "v59.0"  # salesforce: /services/data/{api_version}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_fields(cls, data: Any) -> Any:
+        defaults = DEFAULT_FIELDS.get(data.get("type")) if isinstance(data, dict) else None
+        if defaults is None or not isinstance(data.get("collections"), list):
+            return data
+        collections = [
+            {"id_field": defaults[0], "cursor_field": defaults[1], **c} if isinstance(c, dict) else c
+            for c in data["collections"]
+        ]
+        return {**data, "collections": collections}
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, value: str) -> str:
+        if not SINK_NAME_RE.match(value):
+            raise ValueError(f"must be 1-63 letters, digits, '_' or '-' (got {value!r})")
+        return value
+
+    @field_validator("base_url")
+    @classmethod
+    def _check_base_url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")) or "@" in value:
+            # Never echo the URL: it may carry credentials.
+            raise ValueError("must be an http:// or https:// URL without credentials (use auth: with env vars)")
+        return value.rstrip("/")
+
+    @model_validator(mode="after")
+    def _check_collections(self) -> "ApiSourceConfig":
+        problems: list[tuple[Loc, str]] = []
+        seen: dict[str, int] = {}
+        tables: dict[str, int] = {}
+        for i, c in enumerate(self.collections):
+            if c.name in seen:
+                problems.append((("collections", i, "name"), f"duplicate collection {c.name!r} "
+                                 f"(also collections[{seen[c.name]}])"))
+            seen.setdefault(c.name, i)
+            if c.table in tables:
+                problems.append((("collections", i, "table"), f"table {c.table!r} is also the destination of "
+                                 f"collections[{tables[c.table]}]"))
+            tables.setdefault(c.table, i)
+            if c.path is not None and self.type != "rest":
+                problems.append((("collections", i, "path"), f"only applies to type 'rest' (type is '{self.type}')"))
+        if problems:
+            fail(*problems)
+        return self
+
+    def collection(self, name: str) -> ApiCollectionConfig:
+        for c in self.collections:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+
+def check_api_sources(sources: list[ApiSourceConfig]) -> list[tuple[Loc, str]]:
+    """Cross-source problems: duplicate names, two collections writing one table."""
+    problems: list[tuple[Loc, str]] = []
+    names: dict[str, int] = {}
+    tables: dict[str, str] = {}
+    for i, s in enumerate(sources):
+        if s.name in names:
+            problems.append((("api_sources", i, "name"), f"duplicate api source {s.name!r} "
+                             f"(also api_sources[{names[s.name]}])"))
+        names.setdefault(s.name, i)
+        for j, c in enumerate(s.collections):
+            other = tables.get(c.table)
+            if other is not None and other != s.name:
+                problems.append((("api_sources", i, "collections", j, "table"),
+                                 f"table {c.table!r} is also written by api source {other!r}"))
+            tables.setdefault(c.table, s.name)
+    return problems

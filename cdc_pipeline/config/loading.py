@@ -1,0 +1,175 @@
+"""Read cdc.yaml: YAML (safe, duplicate keys refused), ${VAR} interpolation, validation."""
+
+import os
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+import yaml
+from pydantic import (
+    ValidationError,
+)
+
+from cdc_pipeline.config.error_lines import validation_lines
+from cdc_pipeline.config.errors import ConfigError, Loc, format_loc, kind_of, redact
+from cdc_pipeline.config.models import PipelineConfig
+
+CONFIG_ENV_VAR = "CDC_CONFIG"
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None, environ: Mapping[str, str] | None = None
+) -> PipelineConfig:
+    """Load the config from ``path``, else from the file named by ``$CDC_CONFIG``.
+
+    Raises ConfigError for any problem (missing file, YAML syntax, interpolation, validation).
+    """
+    env: Mapping[str, str] = os.environ if environ is None else environ
+    if path is None:
+        path = env.get(CONFIG_ENV_VAR) or None
+        if path is None:
+            raise ConfigError(f"no configuration file given: pass --config PATH or set {CONFIG_ENV_VAR}")
+    name = os.fsdecode(path)
+    try:
+        text = Path(name).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{name}: file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{name}: is a directory, not a file") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{name}: not valid UTF-8 text (byte offset {e.start})") from None
+    except OSError as e:
+        raise ConfigError(f"{name}: cannot read file ({e.strerror})") from None
+    config = _parse(text, name, env)
+    config._path = name
+    return config
+
+
+def parse_config(text: str, source_name: str, environ: Mapping[str, str] | None = None) -> PipelineConfig:
+    """Parse YAML ``text``; ``source_name`` is the name used in error messages."""
+    return _parse(text, source_name, os.environ if environ is None else environ)
+
+
+def _parse(text: str, source: str, environ: Mapping[str, str]) -> PipelineConfig:
+    data = _load_yaml(text, source)
+    if data is None:
+        raise ConfigError(f"{source}: file is empty (expected a mapping with source, tables, sinks, ...)")
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{source}: top level must be a mapping with source, tables, sinks, ... (got {kind_of(data)})"
+        )
+    problems: list[tuple[Loc, str]] = []
+    data = _interpolate_tree(data, (), environ, problems)
+    if problems:
+        _raise_lines(source, problems)
+    try:
+        return PipelineConfig.model_validate(data)
+    except ValidationError as e:
+        _raise_lines(source, validation_lines(e, data))
+
+
+def _raise_lines(source: str, problems: Sequence[tuple[Loc, str]]) -> NoReturn:
+    lines = []
+    for loc, msg in problems:
+        where = format_loc(loc)
+        lines.append(redact(f"{source}: {where}: {msg}" if where else f"{source}: {msg}"))
+    raise ConfigError("\n".join(lines), lines) from None
+
+
+# YAML ------------------------------------------------------------------------------------------------
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that records duplicate mapping keys (PyYAML silently keeps the last one)."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self.duplicates: list[tuple[int, str]] = []
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[tuple[str, str]] = set()
+        for key_node, _ in node.value:
+            # Keys overridden after a `<<: *anchor` merge are intended, not duplicates.
+            if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
+                continue
+            key = (key_node.tag, key_node.value)
+            if key in seen:
+                self.duplicates.append((key_node.start_mark.line + 1, key_node.value))
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+def _load_yaml(text: str, source: str) -> Any:
+    loader = _Loader(text)
+    try:
+        data = loader.get_single_data()
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        problem = e.problem or e.context or "invalid YAML"
+        if mark is None:
+            raise ConfigError(redact(f"{source}: YAML syntax error: {problem}")) from None
+        raise ConfigError(
+            redact(f"{source}: line {mark.line + 1}: YAML syntax error: {problem} (column {mark.column + 1})")
+        ) from None
+    except yaml.YAMLError as e:
+        raise ConfigError(redact(f"{source}: YAML error: {e}")) from None
+    finally:
+        loader.dispose()
+    if loader.duplicates:
+        lines = [
+            f"{source}: line {line}: duplicate key {key!r} (each key may appear once per mapping)"
+            for line, key in dict.fromkeys(loader.duplicates)
+        ]
+        raise ConfigError("\n".join(lines), lines)
+    return data
+
+
+# Interpolation -------------------------------------------------------------------------------------
+
+# `$${` is an escaped literal `${`; `${NAME}` / `${NAME:-default}` are references; any other `${` is
+# malformed (the optional group fails and only `${` matches).
+_REFERENCE_RE = re.compile(
+    r"\$\$\{|\$\{(?:(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?P<sep>:-(?P<default>[^}]*))?\})?"
+)
+
+
+def _interpolate_tree(
+    node: Any, loc: Loc, environ: Mapping[str, str], problems: list[tuple[Loc, str]]
+) -> Any:
+    # Interpolating the parsed tree (not the raw text) means a value with ':' or '#' can't change
+    # the YAML structure, and the result is always the literal string.
+    if isinstance(node, str):
+        return _interpolate(node, loc, environ, problems) if "${" in node else node
+    if isinstance(node, dict):
+        return {k: _interpolate_tree(v, (*loc, k), environ, problems) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_interpolate_tree(v, (*loc, i), environ, problems) for i, v in enumerate(node)]
+    return node
+
+
+def _interpolate(text: str, loc: Loc, environ: Mapping[str, str], problems: list[tuple[Loc, str]]) -> str:
+    def replace(m: re.Match[str]) -> str:
+        if m.group(0) == "$${":
+            return "${"
+        name = m.group("name")
+        if name is None:
+            problems.append(
+                (
+                    loc,
+                    "invalid variable reference: use ${NAME} or ${NAME:-default} (write $${ for a literal ${)",
+                )
+            )
+            return m.group(0)
+        value = environ.get(name)
+        if m.group("sep") is not None and not value:  # shell semantics: default when unset or empty
+            return m.group("default")
+        if value is None:
+            problems.append((loc, f"environment variable {name} is not set"))
+            return m.group(0)
+        return value
+
+    return _REFERENCE_RE.sub(replace, text)
+
+
+# Validation errors -----------------------------------------------------------------------------------

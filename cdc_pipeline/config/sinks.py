@@ -1,0 +1,112 @@
+"""Sink config: tables, actions, filter/transform/route, grouping, retries, destination."""
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import (
+    Field,
+    field_validator,
+    model_validator,
+)
+
+from cdc_pipeline.config.base import CALLABLE_RE, SINK_NAME_RE, StrictModel, qualify
+from cdc_pipeline.config.destinations import Destination
+from cdc_pipeline.config.errors import Loc, fail, kind_of
+
+
+class BackoffConfig(StrictModel):
+    initial_ms: int = Field(default=1000, gt=0)
+    max_ms: int = Field(default=300000, gt=0)
+    multiplier: float = Field(default=2.0, ge=1)
+    jitter: float = Field(default=0.2, ge=0, le=1)
+
+    @model_validator(mode="after")
+    def _check_range(self) -> "BackoffConfig":
+        if self.max_ms < self.initial_ms:
+            fail((("max_ms",), f"must be at least initial_ms ({self.initial_ms}) (got {self.max_ms})"))
+        return self
+
+
+Action = Literal["insert", "update", "delete"]
+
+
+class SinkConfig(StrictModel):
+    name: str
+    tables: list[str] = Field(min_length=1)
+    actions: list[Action] = Field(default_factory=lambda: ["insert", "update", "delete"], min_length=1)
+    filter: str | None = Field(default=None, min_length=1)  # Spark SQL boolean expression
+    # 'package.module:function' (DataFrame -> DataFrame), or output field -> Spark SQL expression.
+    transform: str | dict[str, str] | None = None
+    route: str | None = Field(default=None, min_length=1)
+    message_grouping: bool = True
+    max_retries: int | None = Field(default=None, ge=0)  # None = retry forever
+    backoff: BackoffConfig = Field(default_factory=BackoffConfig)
+    batch_size: int | None = Field(default=None, gt=0)
+    destination: Destination
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, value: str) -> str:
+        if not SINK_NAME_RE.match(value):
+            raise ValueError(f"must be 1-63 letters, digits, '_' or '-' (got {value!r})")
+        return value
+
+    @field_validator("tables")
+    @classmethod
+    def _check_tables(cls, value: list[str]) -> list[str]:
+        problems: list[tuple[Loc, str]] = []
+        out: list[str] = []
+        for i, name in enumerate(value):
+            try:
+                qualified = qualify(name)
+            except ValueError as e:
+                problems.append(((i,), str(e)))
+                continue
+            if qualified in out:
+                problems.append(((i,), f"table '{qualified}' is listed twice"))
+            out.append(qualified)
+        if problems:
+            fail(*problems)
+        return out
+
+    @field_validator("actions")
+    @classmethod
+    def _dedupe_actions(cls, value: list[str]) -> list[str]:
+        return list(dict.fromkeys(value))
+
+    @field_validator("transform", mode="before")
+    @classmethod
+    def _check_transform(cls, value: Any) -> Any:
+        # Checked here rather than by the str|dict union so the user gets one clear message instead
+        # of one per union member.
+        if value is None:
+            return None
+        if isinstance(value, str):
+            if not CALLABLE_RE.match(value):
+                raise ValueError(
+                    "must look like 'package.module:function', or be a mapping of output field to "
+                    f"Spark SQL expression (got {value!r})"
+                )
+            return value
+        if isinstance(value, Mapping):
+            if not value:
+                raise ValueError("must not be an empty mapping")
+            problems: list[tuple[Loc, str]] = []
+            out: dict[str, str] = {}
+            for field, expr in value.items():
+                if not isinstance(field, str) or not field:
+                    problems.append(((str(field),), "output field name must be a non-empty string"))
+                elif isinstance(expr, bool) or not isinstance(expr, str | int | float):
+                    problems.append(((field,), "must be a Spark SQL expression (a string)"))
+                elif not str(expr).strip():
+                    problems.append(((field,), "must not be empty"))
+                else:
+                    out[field] = str(expr)
+            if problems:
+                fail(*problems)
+            return out
+        raise ValueError(
+            "must be 'package.module:function' or a mapping of output field to Spark SQL expression "
+            f"(got {kind_of(value)})"
+        )
+

@@ -1,0 +1,130 @@
+"""API sync in Dagster: one asset per API collection (group `api_sync`) whose run backfills and then
+syncs the collection until caught up, reporting progress while it runs; an asset check on its lag
+against the configured ceiling; a job per API source."""
+
+import threading
+from typing import Any
+
+from dagster import (
+    AssetCheckExecutionContext,
+    AssetCheckResult,
+    AssetCheckSeverity,
+    AssetExecutionContext,
+    AssetKey,
+    AssetObservation,
+    AssetsDefinition,
+    Config,
+    MaterializeResult,
+    MetadataValue,
+    asset,
+    asset_check,
+    define_asset_job,
+)
+
+from cdc_pipeline.api_sync import lag
+from cdc_pipeline.api_sync.loop import ApiSync
+from cdc_pipeline.config import PipelineConfig
+from cdc_pipeline.config.api_sources import ApiCollectionConfig, ApiSourceConfig
+from cdc_pipeline.defs.resources import CdcConfigResource
+
+CHECK_NAME = "max_lag_within_ceiling"
+
+
+class ApiSyncRunConfig(Config):
+    max_seconds: float | None = None  # stop after this long (default: once caught up)
+    progress_seconds: float = 5.0
+
+
+def api_asset_key(source: str, collection: str) -> AssetKey:
+    return AssetKey(["api_sync", source, collection.strip("/").replace("/", "_")])
+
+
+def collection_metadata(pipeline: PipelineConfig, source: str, collection: str) -> dict[str, Any]:
+    src = lag.collect(pipeline).get(source, {})
+    if "error" in src or not src:
+        return {"status": MetadataValue.text(src.get("error", "not started"))}
+    c = src["collections"][collection]
+    return {
+        "phase": c["phase"],
+        "records_synced": c["records_synced"],
+        "records_deleted": c["records_deleted"],
+        "backfill_records": c["backfill_records"],
+        "backfill_progress": MetadataValue.float(float(c["backfill_progress"] or 0.0)),
+        "requests": c["requests"],
+        "requests_used_of_budget": MetadataValue.text(f"{src['requests_in_window']}/{src['budget_per_window']} "
+                                                      f"per {src['window_seconds']:g} s"),
+        "lag_seconds": MetadataValue.float(float(c["lag_seconds"])) if c["lag_seconds"] is not None else "n/a",
+        "observed_max_lag_seconds": MetadataValue.float(float(c["observed_max_lag_seconds"] or 0.0)),
+        "computed_max_lag_seconds": MetadataValue.float(float(src["computed_max_lag_seconds"])),
+        "last_error": MetadataValue.text(c["last_error"] or ""),
+    }
+
+
+def build_api_asset(source: ApiSourceConfig, coll: ApiCollectionConfig) -> AssetsDefinition:
+    key = api_asset_key(source.name, coll.name)
+
+    @asset(
+        key=key,
+        group_name="api_sync",
+        description=f"{source.type} API collection {coll.name} of source {source.name} -> {coll.table}: "
+                    "backfill of all history (resumes from its checkpoint), then changes since the cursor.",
+        tags={"cdc_pipeline/kind": "api_sync"},
+        kinds={source.type if source.type != "rest" else "api", "postgres"},
+    )
+    def _sync(context: AssetExecutionContext, config: ApiSyncRunConfig, cdc: CdcConfigResource) -> MaterializeResult:
+        pipeline = cdc.load()
+        sync = ApiSync(pipeline, source=source.name, collections=[coll.name])
+        done = threading.Event()
+
+        def watch() -> None:  # progress while the run goes: visible in the UI as observations
+            while not done.wait(config.progress_seconds):
+                meta = collection_metadata(pipeline, source.name, coll.name)
+                context.log_event(AssetObservation(asset_key=key, metadata=meta))
+                context.log.info(f"{coll.name}: {meta.get('phase')} {meta.get('backfill_records')} records, "
+                                 f"{meta.get('records_synced')} written")
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        try:
+            stats = sync.run(until_idle=True, seconds=config.max_seconds)[source.name]
+        finally:
+            done.set()
+            watcher.join()
+        if not stats.collections:
+            context.log.info(f"{coll.name} is being synced by another process: reporting its figures")
+        return MaterializeResult(metadata={**collection_metadata(pipeline, source.name, coll.name),
+                                           "run_requests": stats.requests, "run_records": stats.records})
+
+    return _sync
+
+
+def build_lag_check(source: ApiSourceConfig, coll: ApiCollectionConfig) -> Any:
+    @asset_check(asset=api_asset_key(source.name, coll.name), name=CHECK_NAME,
+                 description="The collection's lag (now minus the start of its last completed poll) is within "
+                             "max_lag_seconds (default: twice the computed max lag)")
+    def _check(context: AssetCheckExecutionContext, cdc: CdcConfigResource) -> AssetCheckResult:
+        src = lag.collect(cdc.load()).get(source.name, {})
+        c = src.get("collections", {}).get(coll.name)
+        if c is None or c["lag_seconds"] is None:
+            return AssetCheckResult(passed=False, severity=AssetCheckSeverity.WARN,
+                                    metadata={"status": "not synced yet"})
+        return AssetCheckResult(
+            passed=c["lag_seconds"] <= src["max_lag_ceiling_seconds"], severity=AssetCheckSeverity.ERROR,
+            metadata={"lag_seconds": float(c["lag_seconds"]), "ceiling_seconds": float(src["max_lag_ceiling_seconds"]),
+                      "computed_max_lag_seconds": float(src["computed_max_lag_seconds"]),
+                      "observed_max_lag_seconds": float(c["observed_max_lag_seconds"] or 0.0)})
+
+    return _check
+
+
+def api_sync_definitions(pipeline: PipelineConfig) -> tuple[list[Any], list[Any], list[Any]]:
+    """(assets, asset checks, jobs): per collection an asset and its lag check; per source a job."""
+    assets, checks, jobs = [], [], []
+    for source in pipeline.api_sources:
+        for coll in source.collections:
+            assets.append(build_api_asset(source, coll))
+            checks.append(build_lag_check(source, coll))
+        jobs.append(define_asset_job(f"api_sync_{source.name.replace('-', '_')}",
+                                     selection=[api_asset_key(source.name, c.name) for c in source.collections],
+                                     description=f"Sync every collection of API source {source.name}"))
+    return assets, checks, jobs

@@ -1,0 +1,97 @@
+"""Lag figures and lag checks: the slot's (the change log asset) and each sink's (its sink asset).
+
+Recorded every few seconds by the long-running drain and delivery runs, and by the sensors when no
+run is alive to do it, so the UI's asset health shows a stalled pipeline within a minute.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from dagster import AssetCheckEvaluation, AssetCheckSeverity, AssetCheckSpec, AssetKey
+from psycopg import sql
+
+from cdc_pipeline.config import PipelineConfig, SinkConfig
+from cdc_pipeline.postgres import catalog
+from cdc_pipeline.state.store import Store
+
+SLOT_LAG_CHECK = "slot_lag_below_max"
+SINK_LAG_CHECK = "lag_below_max"
+PARKED_CHECK = "no_stale_parked_messages"
+BACKLOG_LIMIT = 10_000_000  # counting a sink's backlog stops here: cheap enough to ask every few seconds
+
+
+def slot_lag_spec(key: AssetKey) -> AssetCheckSpec:
+    return AssetCheckSpec(SLOT_LAG_CHECK, asset=key,
+                          description="The drain keeps up: the slot is at most drain.max_lag_seconds behind")
+
+
+def sink_check_specs(key: AssetKey) -> list[AssetCheckSpec]:
+    return [
+        AssetCheckSpec(SINK_LAG_CHECK, asset=key, description="The oldest undelivered change is at most "
+                       "delivery.max_lag_seconds old"),
+        AssetCheckSpec(PARKED_CHECK, asset=key, description="No message parked longer than "
+                       "delivery.max_parked_age_seconds"),
+    ]
+
+
+def slot_figures(pipeline: PipelineConfig) -> dict[str, Any]:
+    """The slot's lag: WAL bytes not yet acknowledged, and (when there are any) seconds since the drain
+    last committed to the log (it commits at least every heartbeat, so a live drain stays low)."""
+    with psycopg.connect(pipeline.source.dsn, autocommit=True, connect_timeout=10) as src:
+        slot = catalog.slot_info(src, pipeline.source.slot)
+    with psycopg.connect(pipeline.state_dsn, autocommit=True, connect_timeout=10) as conn:
+        committed, since_commit = Store(pipeline.state.schema_name).slot_progress(conn, pipeline.source.slot)
+    if slot is None:
+        return {"slot": pipeline.source.slot, "slot_exists": False, "committed_lsn": committed}
+    lag_bytes = int(slot["lag_bytes"] or 0)  # type: ignore[call-overload]
+    lag_seconds = round(since_commit, 3) if lag_bytes > 0 and since_commit is not None else 0.0
+    return {"slot": pipeline.source.slot, "slot_exists": True, "slot_active": bool(slot["active"]),
+            "confirmed_flush_lsn": str(slot["confirmed_flush_lsn"]), "committed_lsn": committed,
+            "slot_lag_bytes": lag_bytes, "slot_retained_bytes": int(slot["retained_bytes"] or 0),  # type: ignore[call-overload]
+            "slot_lag_seconds": lag_seconds}
+
+
+def slot_check(pipeline: PipelineConfig, key: AssetKey, figures: dict[str, Any]) -> AssetCheckEvaluation:
+    limit = pipeline.drain.max_lag_seconds
+    exists = figures.get("slot_exists", False)
+    lag = figures.get("slot_lag_seconds", 0.0)
+    return AssetCheckEvaluation(
+        asset_key=key, check_name=SLOT_LAG_CHECK, passed=bool(exists and lag <= limit),
+        severity=AssetCheckSeverity.ERROR,
+        description=None if exists else f"replication slot {pipeline.source.slot!r} does not exist",
+        metadata={"slot_lag_seconds": lag, "slot_lag_bytes": figures.get("slot_lag_bytes", 0),
+                  "max_lag_seconds": limit})
+
+
+def sink_figures(pipeline: PipelineConfig, sink: SinkConfig) -> dict[str, Any]:
+    store = Store(pipeline.state.schema_name)
+    with psycopg.connect(pipeline.state_dsn, autocommit=True, connect_timeout=10) as conn:
+        offset = store.sink_offset(conn, sink.name)
+        age = store.oldest_age(conn, sink.tables, offset, sink=sink.name)
+        backlog = store.backlog(conn, sink.tables, offset, sink.name, BACKLOG_LIMIT) if age is not None else 0
+        delivered = conn.execute(sql.SQL("SELECT delivered FROM {}.sink_offsets WHERE sink = %s").format(
+            sql.Identifier(pipeline.state.schema_name)), (sink.name,)).fetchone()
+        parked = store.failed_summary(conn, sink.name)
+    return {"offset": f"{offset[0]}:{offset[1]}", "lag_messages": backlog,
+            "lag_seconds": round(age or 0.0, 3), "delivered_total": int(delivered[0]) if delivered else 0,
+            **parked}
+
+
+def sink_checks(pipeline: PipelineConfig, key: AssetKey, figures: dict[str, Any]) -> list[AssetCheckEvaluation]:
+    limit = pipeline.delivery.max_lag_seconds
+    max_age = pipeline.delivery.max_parked_age_seconds
+    oldest = figures.get("oldest_parked_seconds")
+    return [
+        AssetCheckEvaluation(
+            asset_key=key, check_name=SINK_LAG_CHECK, passed=figures["lag_seconds"] <= limit,
+            severity=AssetCheckSeverity.ERROR,
+            metadata={"lag_seconds": figures["lag_seconds"], "lag_messages": figures["lag_messages"],
+                      "max_lag_seconds": limit}),
+        AssetCheckEvaluation(
+            asset_key=key, check_name=PARKED_CHECK, passed=oldest is None or oldest <= max_age,
+            severity=AssetCheckSeverity.WARN,
+            metadata={"parked": figures.get("parked", 0), "oldest_parked_seconds": oldest or 0.0,
+                      "max_parked_age_seconds": max_age}),
+    ]

@@ -1,0 +1,66 @@
+"""State SQL of a running backfill's pages: staging records, read-side counters, flow-control figures and
+cleanup of rows the drain has reconciled (the backfills themselves: backfill/state.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+import psycopg
+from psycopg import sql
+
+Position = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class PageStore:
+    schema: str
+
+    @property
+    def s(self) -> sql.Identifier:
+        return sql.Identifier(self.schema)
+
+    def rows_table(self) -> sql.Composed:
+        """The staged-rows table and its columns, as COPY and INSERT ... SELECT name them."""
+        return sql.SQL("{}.backfill_rows (backfill_id, page_no, seq, pk, record, cursor)").format(self.s)
+
+    def record_page(self, conn: psycopg.Connection, bid: str, page_no: int, snapshot: str, read_at: datetime,
+                    size: int, rows: int, read_ms: float, cursor: list[str] | None) -> None:
+        """A page staged: its snapshot, cursor and size (a short page is the last), and the reader's counters."""
+        conn.execute(sql.SQL(
+            "INSERT INTO {}.backfill_pages (backfill_id, page_no, snapshot, read_at, page_size, rows, read_ms, "
+            "cursor, last) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)").format(self.s),
+            (bid, page_no, snapshot, read_at, size, rows, read_ms, cursor, rows < size))
+        conn.execute(sql.SQL("UPDATE {}.backfill_readers SET rows_fetched = rows_fetched + %s, page_size = %s, "
+                             "updated_at = now() WHERE backfill_id = %s").format(self.s), (rows, size, bid))
+
+    def count_attempt(self, conn: psycopg.Connection, bid: str) -> None:
+        conn.execute(sql.SQL("UPDATE {}.backfill_readers SET page_attempts = page_attempts + 1, updated_at = now() "
+                             "WHERE backfill_id = %s").format(self.s), (bid,))
+
+    def set_estimate(self, conn: psycopg.Connection, bid: str, rows: int | None) -> None:
+        conn.execute(sql.SQL("UPDATE {}.backfills SET estimated_rows = %s WHERE id = %s").format(self.s), (rows, bid))
+
+    def staged(self, conn: psycopg.Connection, bid: str) -> int:
+        """Pages staged and not yet reconciled by the drain."""
+        row = conn.execute(sql.SQL("SELECT count(*) FROM {}.backfill_pages WHERE backfill_id = %s "
+                                   "AND status = 'staged'").format(self.s), (bid,)).fetchone()
+        return int(row[0]) if row else 0
+
+    def backlog_share(self, conn: psycopg.Connection, bid: str, offset: Position) -> tuple[int, int]:
+        """(rows staged, rows reconciled after a sink's offset): this backfill's share of its backlog."""
+        row = conn.execute(sql.SQL(
+            "SELECT coalesce(sum(rows) FILTER (WHERE status = 'staged'), 0), coalesce(sum(rows - dropped) "
+            "FILTER (WHERE status = 'reconciled' AND (high_lsn, high_idx) > (%s, %s)), 0) "
+            "FROM {}.backfill_pages WHERE backfill_id = %s").format(self.s), (offset[0], offset[1], bid)).fetchone()
+        return (int(row[0]), int(row[1])) if row else (0, 0)
+
+    def drop_reconciled_rows(self, conn: psycopg.Connection, bid: str, after_page: int) -> int:
+        """Delete the staged rows of reconciled pages after ``after_page``; returns the last such page."""
+        row = conn.execute(sql.SQL("SELECT max(page_no) FROM {}.backfill_pages WHERE backfill_id = %s "
+                                   "AND status = 'reconciled'").format(self.s), (bid,)).fetchone()
+        done = row[0] if row and row[0] is not None else -1
+        if done > after_page:
+            conn.execute(sql.SQL("DELETE FROM {}.backfill_rows WHERE backfill_id = %s AND page_no > %s "
+                                 "AND page_no <= %s").format(self.s), (bid, after_page, done))
+        return max(done, after_page)

@@ -1,0 +1,32 @@
+"""The `relations` table: each captured table's columns and key as the drain (or a backfill) last saw them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import psycopg
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+
+def upsert_relation(conn: psycopg.Connection, schema: str, table_schema: str, table_name: str, relation_id: int,
+                    replica_identity: str, columns: Sequence[dict[str, object]], primary_key: Sequence[str],
+                    replace: bool = True) -> None:
+    """Record a table's shape. ``replace=False`` only fills a missing row: a backfill describes a table
+    from today's catalog, which must not overwrite what the drain learned from the stream."""
+    on_conflict = sql.SQL(
+        "DO UPDATE SET relation_id = excluded.relation_id, replica_identity = excluded.replica_identity, "
+        "columns = excluded.columns, primary_key = excluded.primary_key, updated_at = now()"
+    ) if replace else sql.SQL("DO NOTHING")
+    conn.execute(sql.SQL(
+        "INSERT INTO {}.relations (table_schema, table_name, relation_id, replica_identity, columns, primary_key, "
+        "updated_at) VALUES (%s, %s, %s, %s, %s, %s, now()) ON CONFLICT (table_schema, table_name) {}"
+    ).format(sql.Identifier(schema), on_conflict),
+        (table_schema, table_name, relation_id, replica_identity, Jsonb(list(columns)), list(primary_key)))
+
+
+def recorded_primary_key(conn: psycopg.Connection, schema: str, table_schema: str, table_name: str) -> tuple[str, ...]:
+    """The primary key last recorded for a table (empty when none was)."""
+    row = conn.execute(sql.SQL("SELECT primary_key FROM {}.relations WHERE table_schema = %s AND table_name = %s")
+                       .format(sql.Identifier(schema)), (table_schema, table_name)).fetchone()
+    return tuple(row[0]) if row and row[0] else ()

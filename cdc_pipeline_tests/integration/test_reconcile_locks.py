@@ -1,0 +1,79 @@
+"""Row locks the drain takes while reconciling a page (the backfill's checkpoint) are released at the end of
+the watermark's own transaction, not held until a later, possibly huge, source transaction is in the log:
+`backfill pause` and `cancel` do not wait behind it (issue 9.13)."""
+
+from __future__ import annotations
+
+import threading
+
+import psycopg
+
+from cdc_pipeline.backfill.reader import PageReader, emit
+from cdc_pipeline.backfill.request import BackfillRequest, resolve, table_shape
+from cdc_pipeline.backfill.state import BackfillStore
+from cdc_pipeline.backfill.watermark import Watermark
+from cdc_pipeline.capture.drain import Drain
+from cdc_pipeline.postgres.session import SESSION_OPTIONS
+from cdc_pipeline.setup import setup
+from cdc_pipeline_tests.integration.test_backfill import backfill_config
+
+BLOCK = "cdc_test.block"
+
+
+def test_pause_does_not_wait_for_the_next_source_transaction(source_db, db_factory, write_config) -> None:
+    source_db.execute("CREATE TABLE public.t (id int PRIMARY KEY, v text)")
+    source_db.execute("INSERT INTO public.t SELECT g, 'v' FROM generate_series(1, 10) g")
+    config = write_config(backfill_config(source_db.dsn, db_factory().dsn, ["public.t"]))
+    setup(config)
+    spec = resolve(config, BackfillRequest("public.t"))
+    store = BackfillStore("cdc_pipeline")
+    with psycopg.connect(config.source.dsn, autocommit=True, options=SESSION_OPTIONS) as src, \
+            psycopg.connect(config.state_dsn, autocommit=True, options=SESSION_OPTIONS) as state:
+        src.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        shape = table_shape(src, spec)
+        bid, _ = store.claim(state, spec, shape.primary_key, shape.keyset, "test", None)
+        emit(src, Watermark(bid, 0, "low"))
+        page = PageReader("cdc_pipeline", spec, shape, True, 5000).read_and_stage(src, state, bid, 0, None, 5)
+        emit(src, Watermark(bid, 0, "high", token=page.token))
+        store.release(state, bid)
+    # Right behind the page: a source transaction the drain is slow to get through (a hook blocks in it,
+    # standing in for millions of rows).
+    with source_db.connect() as conn, conn.transaction():
+        conn.execute("INSERT INTO public.t VALUES (11, 'v')")
+        conn.execute("SELECT pg_logical_emit_message(true, %s, '')", (BLOCK,))
+        conn.execute("INSERT INTO public.t VALUES (12, 'v')")
+
+    inside, release = threading.Event(), threading.Event()
+
+    def block(*_: object) -> int:
+        inside.set()
+        release.wait(60)
+        return 0
+
+    drain = Drain(config, {BLOCK: block})
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            drain.run(until_idle=True, seconds=120)
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        assert inside.wait(60), "the drain never reached the slow transaction"
+        with psycopg.connect(config.state_dsn, autocommit=True) as conn:
+            # The page's checkpoint is committed while the drain is still inside the next transaction ...
+            assert conn.execute("SELECT status FROM cdc_pipeline.backfill_pages WHERE backfill_id = %s",
+                                (bid,)).fetchone() == ("reconciled",)
+            # ... so pausing it takes no wait for the drain's transaction.
+            conn.execute("SET lock_timeout = '2s'")
+            assert store.set_status(conn, bid, "paused") == "running"
+            assert store.set_status(conn, bid, "cancelled") == "paused"
+    finally:
+        release.set()
+        thread.join(60)
+    assert not errors, errors
+    with psycopg.connect(config.state_dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM cdc_pipeline.change_log WHERE action = 'insert'").fetchone() == (2,)
