@@ -1,0 +1,80 @@
+"""`cdc-pipeline`: the command line, on click. Each verb runs the same code as the Dagster op or sensor
+that does the job.
+
+One small module per verb group; to add a verb, write a `click.command` in its group's module (or a new
+one) and add it to `COMMANDS` below. `main(argv)` returns the exit code: 0 done, 1 failed, 2 a config or
+usage error (one line on stderr, never a secret), 130 an interrupted backfill.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Sequence
+
+import click
+
+from cdc_pipeline.cli import api_sync, backfill, capture, delivery, demo, setup_check, status
+from cdc_pipeline.cli.common import CONFIG_HELP, Settings, examples
+from cdc_pipeline.config import ConfigError, redact
+
+# Registration, in the order `--help` lists them.
+COMMANDS: tuple[click.Command, ...] = (
+    setup_check.check,
+    setup_check.setup,
+    capture.drain,
+    delivery.deliver,
+    status.status,
+    delivery.failed,
+    backfill.backfill,
+    api_sync.api_sync,
+    demo.demo,
+)
+
+
+class _Verbs(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(self.commands)  # registration order, not alphabetical
+
+
+@click.group(cls=_Verbs, context_settings={"help_option_names": ["-h", "--help"]}, epilog=examples(
+    "cdc-pipeline --config cdc.yaml check && cdc-pipeline --config cdc.yaml setup",
+    "cdc-pipeline drain --config cdc.yaml       # --config also after the verb",
+    "CDC_CONFIG=cdc.yaml cdc-pipeline deliver --sink orders_mirror --until-idle",
+    "cdc-pipeline VERB --help                    # each verb's options and examples"))
+@click.option("--config", metavar="PATH", help=CONFIG_HELP)
+@click.option("-v", "--verbose", is_flag=True, help="log at INFO; show the traceback of an unexpected error")
+@click.pass_context
+def cli(ctx: click.Context, config: str | None, verbose: bool) -> None:
+    """Loss-free, ordered change data capture from PostgreSQL to sinks: each verb runs the same code as the
+    Dagster op or sensor that does the job."""
+    settings = ctx.ensure_object(Settings)
+    settings.config, settings.verbose = config, verbose
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+for _command in COMMANDS:
+    cli.add_command(_command)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one verb; returns its exit code (the console script exits with it)."""
+    settings = Settings()
+    try:
+        code = cli.main(args=list(argv) if argv is not None else sys.argv[1:], prog_name="cdc-pipeline",
+                        standalone_mode=False, obj=settings)
+        return int(code or 0)
+    except click.ClickException as exc:  # usage errors: exit 2, like argparse's
+        exc.show()
+        return exc.exit_code
+    except click.Abort as exc:  # click turns Ctrl-C outside a verb's own handler into Abort
+        raise KeyboardInterrupt from exc
+    except ConfigError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # one clear line, never a secret
+        print(f"error: {type(exc).__name__}: {redact(str(exc))}", file=sys.stderr)
+        if settings.verbose:
+            raise
+        return 1

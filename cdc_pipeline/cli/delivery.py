@@ -1,0 +1,98 @@
+"""`deliver` and `failed`: send the change log to sinks, and manage the messages parked on the way."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from cdc_pipeline.cli.common import config_option, examples, load, stop_on_signals, until_options
+from cdc_pipeline.config import ConfigError
+
+
+@click.command(short_help="deliver the change log to sinks", epilog=examples(
+    "cdc-pipeline deliver                                  # every sink, until SIGINT/SIGTERM",
+    "cdc-pipeline deliver --sink orders_mirror --until-idle",
+    "cdc-pipeline deliver --sink hook --dry-run --output messages.jsonl"))
+@config_option
+@click.option("--sink", help="one sink (default: all, one after the other)")
+@until_options("the sink has caught up")
+@click.option("--dry-run", is_flag=True, help="print what would be sent; touch nothing")
+@click.option("--output", metavar="FILE", help="with --dry-run: write the messages (JSON lines) to this file")
+@click.pass_context
+def deliver(ctx: click.Context, sink: str | None, until_idle: bool, seconds: float | None, dry_run: bool,
+            output: str | None) -> int:
+    """Deliver the change log to sinks through Spark (filter, transform, route), in commit order per
+    group; failed messages are parked and retried. A dry run prints what is waiting now and stops."""
+    from cdc_pipeline.delivery.engine import Deliverer
+    from cdc_pipeline.delivery.spark_stage import spark_session
+
+    config = load(ctx)
+    sinks = [config.sink(sink)] if sink else list(config.sinks)
+    if not sinks:
+        raise ConfigError(f"{config.path}: no sinks configured")
+    spark = spark_session(config.spark)
+    out = open(output, "w") if output else sys.stdout  # noqa: SIM115 - closed below
+    try:
+        for one in sinks:
+            deliverer = Deliverer(config, one, spark, dry_run=dry_run, dry_run_out=out)
+            stop_on_signals(deliverer.stop)
+            # A dry run shows what is waiting now; it does not wait for more unless given --seconds.
+            stats = deliverer.run(until_idle=until_idle or (dry_run and seconds is None), seconds=seconds)
+            print(f"sink {one.name}: " + json.dumps(stats.as_metadata()), file=sys.stderr if dry_run else sys.stdout)
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    return 0
+
+
+@click.command(short_help="list, retry or discard parked messages", epilog=examples(
+    "cdc-pipeline failed list [--sink S] [--json]",
+    "cdc-pipeline failed retry 24681234:3        # one message, due for retry now",
+    "cdc-pipeline failed retry --all --sink hook",
+    "cdc-pipeline failed discard --all"))
+@config_option
+@click.argument("action", type=click.Choice(["list", "retry", "discard"]))
+@click.argument("message_id", metavar="[ID]", required=False)
+@click.option("--all", "every", is_flag=True, help="retry/discard every parked message (of --sink)")
+@click.option("--sink", help="only this sink")
+@click.option("--json", "as_json", is_flag=True, help="list: JSON output")
+@click.pass_context
+def failed(ctx: click.Context, action: str, message_id: str | None, every: bool, sink: str | None,
+           as_json: bool) -> int:
+    """List, retry or discard parked messages. ID is a message's commit_lsn:commit_idx (from `failed list`).
+    Retry/discard exit 1 when no message matched an ID."""
+    import psycopg
+
+    from cdc_pipeline.state.store import Store
+
+    config = load(ctx)
+    if sink:
+        config.sink(sink)  # unknown sink: a clear error
+    store = Store(config.state.schema_name)
+    with psycopg.connect(config.state_dsn) as conn:
+        if action == "list":
+            items = store.list_failed(conn, sink)
+            if as_json:
+                print(json.dumps(items, indent=2, default=str))
+            for it in [] if as_json else items:
+                print(f"{it['sink']} {it['id']} group={it['group_key']} {it['status']} attempts={it['attempts']} "
+                      f"next={it['next_attempt_at']:%Y-%m-%d %H:%M:%S} error={it['last_error']}")
+            if not items and not as_json:
+                print("no failed messages")
+            return 0
+        if not every and not message_id:
+            raise ConfigError(f"failed {action}: give a message ID (from `failed list`) or --all")
+        position = None
+        if message_id:
+            lsn, _, idx = message_id.partition(":")
+            if not (lsn.isdigit() and idx.lstrip("-").isdigit()):
+                raise ConfigError(f"failed {action}: {message_id!r} is not a message ID like 24681234:3")
+            position = (int(lsn), int(idx))
+        fn = store.retry_now if action == "retry" else store.discard_now
+        n = fn(conn, sink, position)
+        conn.commit()
+    verb = "due for retry now" if action == "retry" else "discarded"
+    print(f"{n} message(s) {verb}")
+    return 0 if n or every else 1
