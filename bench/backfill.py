@@ -120,7 +120,7 @@ def write_config(path: Path, src: str, dst: str, page: int) -> None:
     path.write_text(yaml.safe_dump({
         "source": {"dsn": src, "slot": "bench", "publication": "bench"},
         "spark": {"master": "local[2]", "conf": {"spark.ui.showConsoleProgress": "false"}},
-        "drain": {"batch_rows": 50000, "batch_ms": 200, "idle_seconds": 0.5},
+        "drain": {"batch_rows": 50000, "batch_ms": 200},
         "delivery": {"batch_size": 50000, "idle_seconds": 0.2},
         # no backpressure from the sinks here: each phase measures its own part
         "backfill": {"max_page_size": page, "initial_page_size": min(page, 10000), "max_sink_backlog": 10**9},

@@ -18,7 +18,7 @@ def mirror_config(source_dsn: str, dest_dsn: str, tables: list[str | dict[str, A
     return {
         "source": {"dsn": source_dsn, "slot": "cdc_test", "publication": "cdc_test"},
         "spark": {"master": "local[2]"},
-        "drain": {"heartbeat_seconds": 1, "batch_ms": 200, "idle_seconds": 0.5},
+        "drain": {"heartbeat_seconds": 1, "batch_ms": 200},
         "tables": table_entries,
         "sinks": [{"name": "mirror", "tables": names,
                    "destination": {"type": "postgres", "dsn": dest_dsn, "table": target, "mode": "mirror"},

@@ -1,6 +1,6 @@
 """The backfill runner: keyset pages between watermarks, staged for the drain to reconcile.
 
-Per page (DESIGN.md step 3; backfill/reader.py): emit the low watermark, read the page in one
+Per page (DBLog-style watermarks; backfill/reader.py): emit the low watermark, read the page in one
 REPEATABLE READ transaction with its snapshot, stage the rows, emit the high watermark. The drain
 reconciles the page when it reaches the high watermark (capture/reconcile.py) and checkpoints the
 cursor in the same transaction.

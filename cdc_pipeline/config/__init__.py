@@ -1,8 +1,9 @@
 """The pipeline's YAML configuration (``cdc.yaml``): loading, interpolation, models, error lines.
 
-Contract (DESIGN.md, "Config"): the path comes from ``--config`` or ``CDC_CONFIG``; ``${VAR}`` and
-``${VAR:-default}`` are interpolated from the environment; every problem is reported as one line naming
-the file, the key path and what is wrong, and secrets never appear in those lines.
+Contract (the README's "Configuration"; checked from outside): the path comes from ``--config`` or
+``CDC_CONFIG``; ``${VAR}`` and ``${VAR:-default}`` are interpolated from the environment; every problem
+is reported as one line naming the file, the key path and what is wrong, and secrets never appear in
+those lines.
 
 Modules: ``loading`` (file, YAML, interpolation), ``errors`` (ConfigError, redaction),
 ``error_lines`` (pydantic errors as user lines), ``models`` (the sections and PipelineConfig),

@@ -2,6 +2,7 @@
 
 import os
 import re
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -16,6 +17,8 @@ from cdc_pipeline.config.errors import ConfigError, Loc, format_loc, kind_of, re
 from cdc_pipeline.config.models import PipelineConfig
 
 CONFIG_ENV_VAR = "CDC_CONFIG"
+# Keys still accepted (configs in use carry them) that nothing reads any more: a warning at load says so.
+DEPRECATED_KEYS: tuple[tuple[str, str], ...] = (("drain", "idle_seconds"), ("delivery", "lag_trigger_messages"))
 
 
 def load_config(
@@ -64,9 +67,19 @@ def _parse(text: str, source: str, environ: Mapping[str, str]) -> PipelineConfig
     if problems:
         _raise_lines(source, problems)
     try:
-        return PipelineConfig.model_validate(data)
+        config = PipelineConfig.model_validate(data)
     except ValidationError as e:
         _raise_lines(source, validation_lines(e, data))
+    _warn_deprecated(config, source)
+    return config
+
+
+def _warn_deprecated(config: PipelineConfig, source: str) -> None:
+    for section, key in DEPRECATED_KEYS:
+        if key in getattr(config, section).model_fields_set:
+            # FutureWarning: the category Python shows by default, meant for the people writing the config.
+            warnings.warn(f"{source}: {section}.{key} is deprecated and has no effect; remove it",
+                          FutureWarning, stacklevel=4)
 
 
 def _raise_lines(source: str, problems: Sequence[tuple[Loc, str]]) -> NoReturn:

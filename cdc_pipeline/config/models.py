@@ -67,7 +67,7 @@ class DrainConfig(StrictModel):
     batch_rows: int = Field(default=20000, gt=0)
     # Commit to the log at least this often: bounds the capture part of commit-to-sink latency.
     batch_ms: int = Field(default=200, gt=0)
-    idle_seconds: float = Field(default=2, gt=0)
+    idle_seconds: float = Field(default=2, gt=0)  # deprecated: accepted, has no effect (loading.DEPRECATED_KEYS)
     # Dagster: one drain run streams this long, then the drain sensor starts the next one.
     run_minutes: float = Field(default=30, gt=0)
     # Dagster: the change log's slot_lag check fails when the slot is further behind than this.
@@ -96,7 +96,7 @@ class DeliveryConfig(StrictModel):
     batch_size: int = Field(default=20000, gt=0)
     # How often a long-running delivery polls an idle log: bounds the delivery part of the latency.
     idle_seconds: float = Field(default=0.25, gt=0)
-    lag_trigger_messages: int = Field(default=1, ge=1)
+    lag_trigger_messages: int = Field(default=1, ge=1)  # deprecated: accepted, has no effect (loading.DEPRECATED_KEYS)
     # The Dagster asset check fails when a message has been parked longer than this.
     max_parked_age_seconds: float = Field(default=3600, gt=0)
     # Dagster: one long-lived delivery run per sink streams this long (Spark stays warm meanwhile).

@@ -13,7 +13,6 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,17 +117,3 @@ def create(root: str | os.PathLike[str] | None = None, port: int | None = None) 
         port = int(port_file.read_text()) if port_file.exists() else _free_port()
     port_file.write_text(str(port))
     return EmbeddedPostgres(root=path, port=port)
-
-
-def wait_ready(dsn: str, timeout: float = 30.0) -> None:
-    import psycopg
-
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            psycopg.connect(dsn, connect_timeout=2).close()
-            return
-        except psycopg.OperationalError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)

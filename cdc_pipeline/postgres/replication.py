@@ -47,11 +47,6 @@ def _error(pgconn: pq.abc.PGconn, result: pq.abc.PGresult | None, what: str) -> 
     return ReplicationError(f"{what}: {message or 'server closed the connection'}", sqlstate)
 
 
-def lsn_to_int(lsn: str) -> int:
-    hi, lo = lsn.split("/")
-    return (int(hi, 16) << 32) | int(lo, 16)
-
-
 def int_to_lsn(value: int) -> str:
     return f"{value >> 32:X}/{value & 0xFFFFFFFF:X}"
 

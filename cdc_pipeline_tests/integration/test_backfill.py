@@ -36,7 +36,7 @@ from cdc_pipeline_tests.helpers import assert_mirrored, deliver, drain, mirror_c
 def backfill_config(source_dsn: str, dest_dsn: str, tables: list[Any], backfill: dict[str, Any] | None = None,
                     **sink: Any) -> dict[str, Any]:
     data = mirror_config(source_dsn, dest_dsn, tables, **sink)
-    data["drain"] = {"heartbeat_seconds": 0.5, "batch_ms": 100, "idle_seconds": 0.5}
+    data["drain"] = {"heartbeat_seconds": 0.5, "batch_ms": 100}
     if backfill:
         data["backfill"] = backfill
     return data

@@ -317,7 +317,7 @@ def _prepare(source_db: Database, dest: Database, write_config: Callable[..., Pi
              **extra: Any) -> PipelineConfig:
     source_db.execute(DDL)
     data = mirror_config(source_db.dsn, dest.dsn, TABLES)
-    data["drain"] = {"heartbeat_seconds": 0.5, "batch_ms": 100, "idle_seconds": 0.5}
+    data["drain"] = {"heartbeat_seconds": 0.5, "batch_ms": 100}
     data.update(extra)
     config = write_config(data)
     setup(config)

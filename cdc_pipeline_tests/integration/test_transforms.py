@@ -275,7 +275,7 @@ def world(pg_admin_dsn: str, spark: Any, tmp_path_factory: pytest.TempPathFactor
         source.execute(DDL)
         base = {"source": {"dsn": source.dsn, "slot": "cdc_tx", "publication": "cdc_tx"},
                 "spark": {"master": "local[2]"},
-                "drain": {"heartbeat_seconds": 1, "batch_ms": 200, "idle_seconds": 0.5}}
+                "drain": {"heartbeat_seconds": 1, "batch_ms": 200}}
         sinks = [
             _append(dest, "f_plain"),
             _append(dest, "f_filter", filter=FILTER),

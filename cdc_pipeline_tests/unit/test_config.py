@@ -313,6 +313,21 @@ def test_path_is_not_a_config_key() -> None:
     assert "cdc.yaml: unknown key 'path'" in config_error(MINIMAL + "path: /elsewhere\n")
 
 
+def test_deprecated_keys_load_with_a_warning_that_they_have_no_effect() -> None:
+    import warnings
+
+    with pytest.warns(FutureWarning) as caught:
+        cfg = parse_config(MINIMAL + "drain: {idle_seconds: 1}\ndelivery: {lag_trigger_messages: 5}\n", "c.yaml", {})
+    assert [str(w.message) for w in caught] == [
+        "c.yaml: drain.idle_seconds is deprecated and has no effect; remove it",
+        "c.yaml: delivery.lag_trigger_messages is deprecated and has no effect; remove it",
+    ]
+    assert cfg.drain.idle_seconds == 1 and cfg.delivery.lag_trigger_messages == 5
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # not given: no warning
+        parse_config(MINIMAL, "c.yaml", {})
+
+
 # --------------------------------------------------------------------------------------------------
 # Loading from files
 # --------------------------------------------------------------------------------------------------
