@@ -14,19 +14,16 @@ from collections.abc import Callable
 from functools import cache
 
 from cdc_pipeline.postgres import pgtypes
+from cdc_pipeline.postgres.oids import ARRAY_ELEMENT, NUMBERS, OID
 
 # json's C string encoder: escapes and quotes in one call.
 _quote: Callable[[str], str] = json.encoder.encode_basestring  # type: ignore[attr-defined]
 
-_NUMBERS = {20, 21, 23, 26, 700, 701, 1700}  # int8 int2 int4 oid float4 float8 numeric
-_JSON, _JSONB = 114, 3802
 # A `\u0000` escape (after an even number of backslashes): valid in json, refused by jsonb, which the
 # change log stores records as. It is logged as the six characters `\u0000` (an escaped backslash), so
 # the row is logged instead of stopping the drain; the backfill reads it the same way (backfill/reader.py).
 _NUL_ESCAPE = re.compile(r"(?<!\\)((?:\\\\)*)\\u0000")
 _SPECIAL_NUMBERS = {"NaN": '"NaN"', "Infinity": '"Infinity"', "-Infinity": '"-Infinity"'}
-
-_ARRAY_OIDS = frozenset(o.value for o in pgtypes.OID if o.name.endswith("_ARRAY"))
 
 Fragment = Callable[[bytes], str]
 
@@ -89,19 +86,19 @@ def _array(type_oid: int) -> Fragment:
 @cache
 def fragment_for(type_oid: int) -> Fragment:
     """The encoder for values of one type: text bytes from pgoutput -> JSON text."""
-    if type_oid in _NUMBERS:
+    if type_oid in NUMBERS:
         return _number
-    if type_oid == 16:
+    if type_oid == OID.BOOL:
         return _bool
-    if type_oid == _JSONB:
+    if type_oid == OID.JSONB:
         return _raw_json
-    if type_oid == _JSON:
+    if type_oid == OID.JSON:
         return _json
-    if type_oid == 1114:
+    if type_oid == OID.TIMESTAMP:
         return _timestamp
-    if type_oid == 1184:
+    if type_oid == OID.TIMESTAMPTZ:
         return _timestamptz
-    if type_oid in _ARRAY_OIDS:
+    if type_oid in ARRAY_ELEMENT:
         return _array(type_oid)
     return _string
 

@@ -21,20 +21,18 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from cdc_pipeline.config import PipelineConfig, SinkConfig, SparkConfig
+from cdc_pipeline.postgres.oids import ARRAY_ELEMENT, OID
 
 OUTPUT_COLUMNS = ("commit_lsn", "commit_idx", "group_key", "route", "payload")
 # A null field stays in the message as null (Spark's to_json drops null fields by default).
 _JSON_OPTIONS = {"ignoreNullFields": "false"}
 CHANGE_ACTIONS = ("insert", "update", "delete")
 
+# Types a filter or transform sees typed; every other type is a string (its JSON text for arrays of them).
 _SCALAR_TYPES: dict[int, T.DataType] = {
-    16: T.BooleanType(), 20: T.LongType(), 21: T.IntegerType(), 23: T.IntegerType(), 26: T.LongType(),
-    700: T.DoubleType(), 701: T.DoubleType(), 1700: T.DoubleType(),
-    1082: T.DateType(), 1114: T.TimestampNTZType(), 1184: T.TimestampType(),
-}
-_ARRAY_ELEMENTS: dict[int, int] = {
-    1000: 16, 1005: 21, 1007: 23, 1016: 20, 1021: 700, 1022: 701, 1231: 1700, 1182: 1082, 1115: 1114,
-    1185: 1184, 1009: 25, 1015: 1043, 2951: 2950, 199: 114, 3807: 3802, 1001: 17,
+    OID.BOOL: T.BooleanType(), OID.INT8: T.LongType(), OID.INT2: T.IntegerType(), OID.INT4: T.IntegerType(),
+    OID.OID: T.LongType(), OID.FLOAT4: T.DoubleType(), OID.FLOAT8: T.DoubleType(), OID.NUMERIC: T.DoubleType(),
+    OID.DATE: T.DateType(), OID.TIMESTAMP: T.TimestampNTZType(), OID.TIMESTAMPTZ: T.TimestampType(),
 }
 
 
@@ -77,8 +75,8 @@ def consumer_id(sink_name: str) -> str:
 
 
 def spark_type(type_oid: int) -> T.DataType:
-    if type_oid in _ARRAY_ELEMENTS:
-        return T.ArrayType(spark_type(_ARRAY_ELEMENTS[type_oid]))
+    if type_oid in ARRAY_ELEMENT:
+        return T.ArrayType(spark_type(ARRAY_ELEMENT[type_oid]))
     return _SCALAR_TYPES.get(type_oid, T.StringType())
 
 

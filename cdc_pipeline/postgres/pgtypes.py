@@ -6,7 +6,8 @@ date/time family: values Python cannot represent (``infinity``, BC dates, years 
 come back as the original ``str`` rather than failing a whole change.
 
 ``dumps(obj)`` (pgjson.py) serialises dicts/lists of converted values to compact JSON, keeping
-``Decimal`` exact. No I/O happens here.
+``Decimal`` exact. The type OIDs come from oids.py, array literals are parsed by pgarray.py. No I/O
+happens here.
 """
 
 from __future__ import annotations
@@ -17,62 +18,15 @@ import re
 from collections.abc import Callable
 from datetime import date, datetime, time
 from decimal import Decimal, InvalidOperation
-from enum import IntEnum
-from itertools import product
 from typing import Final, TypeAlias
 from uuid import UUID
+
+from cdc_pipeline.postgres.oids import ARRAY_ELEMENT, OID
+from cdc_pipeline.postgres.pgarray import ElementParser, parse_array
 
 __all__ = ["OID", "Converter", "converter", "dumps", "parse_array", "to_json_value"]
 
 Converter: TypeAlias = Callable[[bytes], object]
-
-
-class OID(IntEnum):
-    """pg_type OIDs of the built-in types given dedicated converters."""
-
-    BOOL = 16
-    BYTEA = 17
-    CHAR = 18
-    NAME = 19
-    INT8 = 20
-    INT2 = 21
-    INT4 = 23
-    TEXT = 25
-    OID = 26
-    JSON = 114
-    FLOAT4 = 700
-    FLOAT8 = 701
-    BPCHAR = 1042
-    VARCHAR = 1043
-    DATE = 1082
-    TIME = 1083
-    TIMESTAMP = 1114
-    TIMESTAMPTZ = 1184
-    NUMERIC = 1700
-    UUID = 2950
-    JSONB = 3802
-    # Array types ("_int4" etc.).
-    JSON_ARRAY = 199
-    BOOL_ARRAY = 1000
-    BYTEA_ARRAY = 1001
-    CHAR_ARRAY = 1002
-    NAME_ARRAY = 1003
-    INT2_ARRAY = 1005
-    INT4_ARRAY = 1007
-    TEXT_ARRAY = 1009
-    BPCHAR_ARRAY = 1014
-    VARCHAR_ARRAY = 1015
-    INT8_ARRAY = 1016
-    FLOAT4_ARRAY = 1021
-    FLOAT8_ARRAY = 1022
-    OID_ARRAY = 1028
-    TIMESTAMP_ARRAY = 1115
-    DATE_ARRAY = 1182
-    TIME_ARRAY = 1183
-    TIMESTAMPTZ_ARRAY = 1185
-    NUMERIC_ARRAY = 1231
-    UUID_ARRAY = 2951
-    JSONB_ARRAY = 3807
 
 
 # --- scalar parsers working on str (array elements arrive as str) -------------------------------
@@ -150,121 +104,6 @@ def _bytea_str(s: str) -> bytes:
 
 _json_loads = json.loads
 
-# --- arrays --------------------------------------------------------------------------------------
-
-# Exactly the characters array_in/array_out treat as whitespace; str.isspace()/\s would also match
-# e.g. U+00A0, which PostgreSQL leaves unquoted inside elements.
-_WS = " \t\n\r\v\f"
-_NEEDS_GENERAL_PARSER: Final = re.compile(rf'["\\{_WS}]')
-_TOKEN: Final = re.compile(
-    rf"""[{_WS}]*(?:
-        (?P<open>\{{) | (?P<close>\}}) | (?P<comma>,)
-      | "(?P<quoted>(?:[^"\\]|\\.)*)"
-      | (?P<bare>(?:[^{{}},"\\{_WS}]|\\.)+(?:[{_WS}]+(?:[^{{}},"\\{_WS}]|\\.)+)*)
-    )[{_WS}]*""",
-    re.VERBOSE | re.DOTALL,
-)
-_UNESCAPE: Final = re.compile(r"\\(.)", re.DOTALL)
-# Unquoted NULL is case-insensitive in array_in; a set of all 16 spellings is one hash lookup.
-_NULLS: Final = frozenset("".join(chars) for chars in product(*zip("NULL", "null", strict=True)))
-
-ElementParser: TypeAlias = Callable[[str], object] | None  # None: elements stay str
-
-
-def parse_array(text: str, element: ElementParser = None) -> list[object]:
-    """Parse a PostgreSQL array literal into (nested) lists; NULL elements become None.
-
-    ``element`` converts each non-NULL element string. Explicit bounds decoration ("[0:1]={...}",
-    printed when a lower bound is not 1) is accepted and dropped: Python lists are 0-based anyway.
-    """
-    if text[:1] == "[":
-        eq = text.find("=")
-        if eq < 0:
-            raise ValueError(f"malformed array literal: {text[:50]!r}")
-        text = text[eq + 1 :]
-    if (
-        _NEEDS_GENERAL_PARSER.search(text) is None
-        and text[:1] == "{"
-        and text[-1:] == "}"
-        and text.find("{", 1) < 0
-        and text.find("}", 1, -1) < 0
-    ):
-        # Fast path, the common output shape: one dimension, nothing quoted or escaped.
-        if text == "{}":
-            return []
-        items = text[1:-1].split(",")
-        if "" in items:
-            raise ValueError(f"malformed array literal: {text[:50]!r}")
-        if element is None:
-            return [None if item in _NULLS else item for item in items]
-        return [None if item in _NULLS else element(item) for item in items]
-    return _parse_array_general(text, element)
-
-
-def _parse_array_general(text: str, element: ElementParser) -> list[object]:
-    match = _TOKEN.match
-    end = len(text)
-    pos = 0
-    root: list[object] | None = None
-    stack: list[list[object]] = []
-    # Per open level: did it receive sub-arrays (True), scalars (False), or nothing yet (None)?
-    # Tracked apart from the values because a json element may itself convert to a list.
-    nested: list[bool | None] = []
-    # True when the next token must be an element or '{' (after '{' or ','), False after an element.
-    expect_item = True
-    # After '{' a '}' is allowed immediately (empty array); after ',' it is not.
-    allow_close = False
-    while pos < end:
-        m = match(text, pos)
-        if m is None:
-            raise ValueError(f"malformed array literal at offset {pos}: {text[:50]!r}")
-        pos = m.end()
-        kind = m.lastgroup
-        if root is not None:
-            raise ValueError(f"junk after array literal: {text[:50]!r}")
-        if kind == "open":
-            if not expect_item:
-                raise ValueError(f"unexpected '{{' at offset {m.start()}: {text[:50]!r}")
-            new: list[object] = []
-            if stack:
-                if nested[-1] is False:
-                    raise ValueError(f"mixed dimensions in array literal: {text[:50]!r}")
-                nested[-1] = True
-                stack[-1].append(new)
-            stack.append(new)
-            nested.append(None)
-            expect_item, allow_close = True, True
-        elif kind == "close":
-            if not stack or (expect_item and not allow_close):
-                raise ValueError(f"unexpected '}}' at offset {m.start()}: {text[:50]!r}")
-            done = stack.pop()
-            nested.pop()
-            if not stack:
-                root = done
-            expect_item, allow_close = False, False
-        elif kind == "comma":
-            if expect_item or not stack:
-                raise ValueError(f"unexpected ',' at offset {m.start()}: {text[:50]!r}")
-            expect_item, allow_close = True, False
-        else:
-            if not expect_item or not stack or nested[-1]:
-                raise ValueError(f"unexpected element at offset {m.start()}: {text[:50]!r}")
-            nested[-1] = False
-            raw = m.group(kind)
-            value: object
-            if kind == "bare" and "\\" not in raw and raw in _NULLS:
-                value = None  # only an unquoted, unescaped NULL is SQL NULL
-            else:
-                if "\\" in raw:
-                    raw = _UNESCAPE.sub(r"\1", raw)
-                value = raw if element is None else element(raw)
-            stack[-1].append(value)
-            expect_item, allow_close = False, False
-    if root is None:
-        raise ValueError(f"unterminated array literal: {text[:50]!r}")
-    return root
-
-
 # --- converter table -----------------------------------------------------------------------------
 
 _decode: Final = bytes.decode  # UTF-8, strict
@@ -323,30 +162,6 @@ _ELEMENTS: Final[dict[int, ElementParser]] = {
     OID.BYTEA: _bytea_str,
 }
 
-_ARRAYS: Final = {
-    OID.INT2_ARRAY: OID.INT2,
-    OID.INT4_ARRAY: OID.INT4,
-    OID.INT8_ARRAY: OID.INT8,
-    OID.OID_ARRAY: OID.OID,
-    OID.NUMERIC_ARRAY: OID.NUMERIC,
-    OID.FLOAT4_ARRAY: OID.FLOAT4,
-    OID.FLOAT8_ARRAY: OID.FLOAT8,
-    OID.BOOL_ARRAY: OID.BOOL,
-    OID.TEXT_ARRAY: OID.TEXT,
-    OID.VARCHAR_ARRAY: OID.VARCHAR,
-    OID.BPCHAR_ARRAY: OID.BPCHAR,
-    OID.NAME_ARRAY: OID.NAME,
-    OID.CHAR_ARRAY: OID.CHAR,
-    OID.UUID_ARRAY: OID.UUID,
-    OID.DATE_ARRAY: OID.DATE,
-    OID.TIME_ARRAY: OID.TIME,
-    OID.TIMESTAMP_ARRAY: OID.TIMESTAMP,
-    OID.TIMESTAMPTZ_ARRAY: OID.TIMESTAMPTZ,
-    OID.JSON_ARRAY: OID.JSON,
-    OID.JSONB_ARRAY: OID.JSONB,
-    OID.BYTEA_ARRAY: OID.BYTEA,
-}
-
 # int()/float() accept ASCII bytes directly, so those skip the decode step.
 _CONVERTERS: dict[int, Converter] = {
     OID.INT2: int,
@@ -371,7 +186,7 @@ _CONVERTERS: dict[int, Converter] = {
     OID.JSONB: _json_bytes,
     OID.BYTEA: _bytea,
 }
-for _array_oid, _element_oid in _ARRAYS.items():
+for _array_oid, _element_oid in ARRAY_ELEMENT.items():
     _CONVERTERS[_array_oid] = _array_of(_ELEMENTS[_element_oid])
 del _array_oid, _element_oid
 

@@ -31,7 +31,7 @@ from cdc_pipeline.config import (
     redact,
 )
 
-# The example from DESIGN.md ("Config"), with real DSNs in place of `...`.
+# The design's config example, with real DSNs in place of `...`.
 DESIGN_EXAMPLE = """\
 source:   {dsn: "${SOURCE_DSN}", slot: cdc_pipeline, publication: cdc_pipeline}
 state:    {dsn: "${STATE_DSN}"}   # internal store; defaults to the source database, own schema

@@ -1,0 +1,69 @@
+"""The one table of built-in PostgreSQL type OIDs the pipeline treats specially.
+
+pgoutput sends each column's type as a pg_type OID. Three places turn such a type into something:
+the decoder (postgres/pgtypes.py: Python values), the drain's JSON writer (capture/json_text.py: JSON
+fragments) and delivery's Spark schema (delivery/spark_stage.py). All of them read the OIDs and the
+array-to-element map from here. Values are fixed by PostgreSQL (pg_type.dat) for every version.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+from typing import Final
+
+
+class OID(IntEnum):
+    """pg_type OIDs of the built-in types given dedicated handling."""
+
+    BOOL = 16
+    BYTEA = 17
+    CHAR = 18
+    NAME = 19
+    INT8 = 20
+    INT2 = 21
+    INT4 = 23
+    TEXT = 25
+    OID = 26
+    JSON = 114
+    FLOAT4 = 700
+    FLOAT8 = 701
+    BPCHAR = 1042
+    VARCHAR = 1043
+    DATE = 1082
+    TIME = 1083
+    TIMESTAMP = 1114
+    TIMESTAMPTZ = 1184
+    NUMERIC = 1700
+    UUID = 2950
+    JSONB = 3802
+    # Array types ("_int4" etc.).
+    JSON_ARRAY = 199
+    BOOL_ARRAY = 1000
+    BYTEA_ARRAY = 1001
+    CHAR_ARRAY = 1002
+    NAME_ARRAY = 1003
+    INT2_ARRAY = 1005
+    INT4_ARRAY = 1007
+    TEXT_ARRAY = 1009
+    BPCHAR_ARRAY = 1014
+    VARCHAR_ARRAY = 1015
+    INT8_ARRAY = 1016
+    FLOAT4_ARRAY = 1021
+    FLOAT8_ARRAY = 1022
+    OID_ARRAY = 1028
+    TIMESTAMP_ARRAY = 1115
+    DATE_ARRAY = 1182
+    TIME_ARRAY = 1183
+    TIMESTAMPTZ_ARRAY = 1185
+    NUMERIC_ARRAY = 1231
+    UUID_ARRAY = 2951
+    JSONB_ARRAY = 3807
+
+
+# Each array type above -> its element type ("_int4" -> int4).
+ARRAY_ELEMENT: Final[dict[int, OID]] = {
+    o: OID[o.name.removesuffix("_ARRAY")] for o in OID if o.name.endswith("_ARRAY")
+}
+
+# Types whose text output is a JSON number as it stands (NaN and infinities aside).
+NUMBERS: Final = frozenset({OID.INT2, OID.INT4, OID.INT8, OID.OID, OID.FLOAT4, OID.FLOAT8, OID.NUMERIC})
