@@ -18,14 +18,14 @@ Contract (what the delivery engine relies on):
 from __future__ import annotations
 
 import abc
-import asyncio
 import concurrent.futures
 import contextlib
-import threading
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit
+
+from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 T = TypeVar("T")
 
@@ -119,22 +119,23 @@ def safe_endpoint(url: str) -> str:
 
 
 class EventLoopThread:
-    """A private asyncio event loop on a daemon thread, so asyncio clients (nats-py, pika's asyncio
-    adapter) sit behind the sinks' synchronous API. One long-lived loop keeps one long-lived connection;
-    `asyncio.run` per call would have to reconnect on every call, since a connection is bound to its loop."""
+    """A private event loop on a daemon thread (anyio's blocking portal, asyncio backend), so asyncio
+    clients (nats-py, pika's asyncio adapter) sit behind the sinks' synchronous API. One long-lived loop
+    keeps one long-lived connection; a loop per call would have to reconnect on every call, since a
+    connection is bound to its loop."""
 
     def __init__(self, name: str) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
+        self._exit = contextlib.ExitStack()
+        self._portal: BlockingPortal | None = self._exit.enter_context(
+            start_blocking_portal("asyncio", name=name))
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-        """Run `coro` on the loop and wait for its result (re-raising its exception)."""
-        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        """Run `coro` on the loop and wait for its result (re-raising its exception); on a timeout the
+        coroutine is cancelled."""
+        if self._portal is None:
+            coro.close()
+            raise RuntimeError("the sink's event loop is stopped")
+        future = self._portal.start_task_soon(_awaited, coro)
         try:
             return future.result(timeout)
         except concurrent.futures.TimeoutError:
@@ -143,21 +144,14 @@ class EventLoopThread:
 
     def stop(self) -> None:
         """Cancel what is still running on the loop, stop it and join the thread. Idempotent."""
-        if self.loop.is_closed():
+        portal, self._portal = self._portal, None
+        if portal is None:
             return
-        if self._thread.is_alive():
-            with contextlib.suppress(concurrent.futures.TimeoutError, RuntimeError):
-                self.run(self._cancel_others(), timeout=5)
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self._thread.join(timeout=5)
-        if not self._thread.is_alive():
-            self.loop.close()
+        with contextlib.suppress(RuntimeError):  # already stopped
+            portal.call(portal.stop, True)
+        # Closing the loop also cancels the client's own background tasks and finalizes async generators.
+        self._exit.close()
 
-    @staticmethod
-    async def _cancel_others() -> None:
-        current = asyncio.current_task()
-        tasks = [t for t in asyncio.all_tasks() if t is not current]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await asyncio.get_running_loop().shutdown_asyncgens()
+
+async def _awaited(coro: Coroutine[Any, Any, T]) -> T:
+    return await coro
