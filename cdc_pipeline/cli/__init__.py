@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import click
 
 from cdc_pipeline.cli import api_sync, backfill, capture, delivery, demo, setup_check, status
-from cdc_pipeline.cli.common import CONFIG_HELP, Settings, examples
+from cdc_pipeline.cli.common import CONFIG_HELP, Settings, examples, expand_prefixes
 from cdc_pipeline.config import ConfigError, redact
 
 # Registration, in the order `--help` lists them.
@@ -35,6 +35,9 @@ COMMANDS: tuple[click.Command, ...] = (
 class _Verbs(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(self.commands)  # registration order, not alphabetical
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, expand_prefixes(self, ctx, args, until_verb=True))
 
 
 @click.group(cls=_Verbs, context_settings={"help_option_names": ["-h", "--help"]}, epilog=examples(

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import click
 
-from cdc_pipeline.cli.common import config_option, examples, load, stop_on_signals, until_options
+from cdc_pipeline.cli.common import Verb, config_option, examples, load, stop_on_signals, until_options
 
 
-@click.command(short_help="backfill and keep syncing API sources into Postgres tables", epilog=examples(
+@click.command(cls=Verb, short_help="backfill and keep syncing API sources into Postgres tables", epilog=examples(
     "cdc-pipeline api-sync                         # every API source, until SIGINT/SIGTERM",
     "cdc-pipeline api-sync --source tickets --until-idle"))
 @config_option

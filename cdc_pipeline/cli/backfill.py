@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from cdc_pipeline.cli.common import config_option, examples, load, stop_on_signals
+from cdc_pipeline.cli.common import Verb, config_option, examples, load, stop_on_signals
 from cdc_pipeline.config import ConfigError, PipelineConfig
 
 if TYPE_CHECKING:  # the engine pulls in psycopg and pyarrow: only when the verb runs
@@ -35,7 +35,7 @@ class Output:
 
 
 @click.command(
-    short_help="backfill a table's rows to its sinks; list/pause/resume/cancel backfills",
+    cls=Verb, short_help="backfill a table's rows to its sinks; list/pause/resume/cancel backfills",
     epilog=examples(
         "cdc-pipeline backfill public.orders                          # every sink that receives it",
         "cdc-pipeline backfill public.orders --sink orders_mirror --sort-column updated_at \\",

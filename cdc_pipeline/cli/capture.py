@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import click
 
-from cdc_pipeline.cli.common import config_option, examples, load, stop_on_signals, until_options
+from cdc_pipeline.cli.common import Verb, config_option, examples, load, stop_on_signals, until_options
 
 
-@click.command(short_help="stream the replication slot into the change log", epilog=examples(
+@click.command(cls=Verb, short_help="stream the replication slot into the change log", epilog=examples(
     "cdc-pipeline drain                          # until SIGINT/SIGTERM",
     "cdc-pipeline drain --until-idle             # stop once caught up with the source",
     "cdc-pipeline drain --seconds 300"))

@@ -3,6 +3,7 @@ in `--help`, and stopping long-running verbs cleanly on SIGINT/SIGTERM."""
 
 from __future__ import annotations
 
+import re
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -14,6 +15,50 @@ from cdc_pipeline.config import PipelineConfig, load_config
 
 F = TypeVar("F", bound=Callable[..., Any])
 CONFIG_HELP = "path to cdc.yaml (default: $CDC_CONFIG)"
+_NEGATIVE = re.compile(r"-\d+|-\d*\.\d+")
+
+
+def expand_prefixes(command: click.Command, ctx: click.Context, args: list[str], *, until_verb: bool) -> list[str]:
+    """Long options may be shortened to a unique prefix (`--until` for `--until-idle`), as the argparse CLI
+    before click allowed: part of the command-line contract. A value an option consumes is left alone;
+    with `until_verb` (the root group) nothing from the verb on is touched."""
+    takes_value: dict[str, bool] = {}
+    for param in command.get_params(ctx):
+        if isinstance(param, click.Option):
+            for opt in (*param.opts, *param.secondary_opts):
+                if opt.startswith("--"):
+                    takes_value[opt] = not (param.is_flag or param.count)
+    out: list[str] = []
+    value_next = False
+    for i, token in enumerate(args):
+        if value_next:
+            if _looks_like_option(token):  # `--start --end 5`: --start has no value (argparse's rule)
+                raise click.UsageError(f"option {out[-1]}: expected one argument", ctx)
+            out.append(token)
+            value_next = False
+            continue
+        if token == "--" or (until_verb and not token.startswith("-")):
+            return out + args[i:]
+        if token.startswith("--"):
+            name, eq, value = token.partition("=")
+            if name not in takes_value:
+                matches = [opt for opt in takes_value if opt.startswith(name)]
+                name = matches[0] if len(matches) == 1 else name
+            token = name + eq + value
+            value_next = takes_value.get(name, False) and not eq
+        out.append(token)
+    return out
+
+
+def _looks_like_option(token: str) -> bool:
+    return token.startswith("-") and token != "-" and " " not in token and not _NEGATIVE.fullmatch(token)
+
+
+class Verb(click.Command):
+    """A verb: long options accept a unique prefix (see expand_prefixes)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, expand_prefixes(self, ctx, args, until_verb=False))
 
 
 @dataclass

@@ -7,11 +7,11 @@ import sys
 
 import click
 
-from cdc_pipeline.cli.common import config_option, examples, load, stop_on_signals, until_options
+from cdc_pipeline.cli.common import Verb, config_option, examples, load, stop_on_signals, until_options
 from cdc_pipeline.config import ConfigError
 
 
-@click.command(short_help="deliver the change log to sinks", epilog=examples(
+@click.command(cls=Verb, short_help="deliver the change log to sinks", epilog=examples(
     "cdc-pipeline deliver                                  # every sink, until SIGINT/SIGTERM",
     "cdc-pipeline deliver --sink orders_mirror --until-idle",
     "cdc-pipeline deliver --sink hook --dry-run --output messages.jsonl"))
@@ -47,7 +47,7 @@ def deliver(ctx: click.Context, sink: str | None, until_idle: bool, seconds: flo
     return 0
 
 
-@click.command(short_help="list, retry or discard parked messages", epilog=examples(
+@click.command(cls=Verb, short_help="list, retry or discard parked messages", epilog=examples(
     "cdc-pipeline failed list [--sink S] [--json]",
     "cdc-pipeline failed retry 24681234:3        # one message, due for retry now",
     "cdc-pipeline failed retry --all --sink hook",

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import click
 
-from cdc_pipeline.cli.common import config_option, examples
+from cdc_pipeline.cli.common import Verb, config_option, examples
 
 
-@click.command(short_help="embedded Postgres + sample load + pipeline + Dagster UI", epilog=examples(
+@click.command(cls=Verb, short_help="embedded Postgres + sample load + pipeline + Dagster UI", epilog=examples(
     "cdc-pipeline demo                            # UI on http://127.0.0.1:3000 until Ctrl-C",
     "cdc-pipeline demo --no-ui --seconds 60"))
 @config_option  # accepted like every verb's; the demo writes its own config

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import click
 
-from cdc_pipeline.cli.common import config_option, examples, load
+from cdc_pipeline.cli.common import Verb, config_option, examples, load
 
 
-@click.command(short_help="check config and source readiness", epilog=examples(
+@click.command(cls=Verb, short_help="check config and source readiness", epilog=examples(
     "cdc-pipeline --config cdc.yaml check",
     "cdc-pipeline check && cdc-pipeline setup      # the way to start ($CDC_CONFIG names the file)"))
 @config_option
@@ -26,7 +26,7 @@ def check(ctx: click.Context) -> int:
     return 1 if any(f.level == "error" for f in findings) else 0
 
 
-@click.command(short_help="create publication, slot and state schema (idempotent)", epilog=examples(
+@click.command(cls=Verb, short_help="create publication, slot and state schema (idempotent)", epilog=examples(
     "cdc-pipeline --config cdc.yaml setup"))
 @config_option
 @click.pass_context

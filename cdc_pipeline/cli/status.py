@@ -6,10 +6,10 @@ import json
 
 import click
 
-from cdc_pipeline.cli.common import config_option, examples, load
+from cdc_pipeline.cli.common import Verb, config_option, examples, load
 
 
-@click.command(short_help="slot lag, log, sink offsets, failed messages", epilog=examples(
+@click.command(cls=Verb, short_help="slot lag, log, sink offsets, failed messages", epilog=examples(
     "cdc-pipeline status", "cdc-pipeline status --json"))
 @config_option
 @click.option("--json", "as_json", is_flag=True, help="JSON output")

@@ -57,3 +57,16 @@ def test_python_dash_m_runs_the_same_cli() -> None:
     proc = subprocess.run([sys.executable, "-m", "cdc_pipeline.cli", "status", "--config", "/no/such.yaml"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and proc.stderr == "config error: /no/such.yaml: file not found\n"
+
+
+def test_long_options_take_a_unique_prefix_as_with_argparse(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = str(tmp_path / "missing.yaml")
+    # Parsed (the config error comes after parsing): --conf, --until, --sec, --sort, --st, --e, --q.
+    for argv in (["--conf", missing, "drain", "--until", "--sec", "1"],
+                 ["backfill", "public.t", "--sort", "c", "--st", "-5", "--e", "9", "--q", "--conf", missing]):
+        assert main(argv) == 2
+        assert capsys.readouterr().err.startswith("config error:")
+    # Ambiguous (--sink or --seconds), or an option where a value belongs: usage errors.
+    for argv in (["--config", missing, "deliver", "--s", "x"], ["--config", missing, "backfill", "t", "--start", "--end", "5"]):
+        assert main(argv) == 2
+        assert "Usage: cdc-pipeline" in capsys.readouterr().err
