@@ -18,7 +18,8 @@ from cdc_pipeline.config.models import PipelineConfig
 
 CONFIG_ENV_VAR = "CDC_CONFIG"
 # Keys still accepted (configs in use carry them) that nothing reads any more: a warning at load says so.
-DEPRECATED_KEYS: tuple[tuple[str, str], ...] = (("drain", "idle_seconds"), ("delivery", "lag_trigger_messages"))
+DEPRECATED_KEYS: tuple[tuple[str, str], ...] = (
+    ("drain", "tick_seconds"), ("drain", "idle_seconds"), ("delivery", "lag_trigger_messages"))
 
 
 def load_config(

@@ -62,7 +62,7 @@ class SparkConfig(StrictModel):
 
 
 class DrainConfig(StrictModel):
-    tick_seconds: float = Field(default=20, gt=0)
+    tick_seconds: float = Field(default=20, gt=0)  # deprecated: accepted, has no effect (loading.DEPRECATED_KEYS)
     heartbeat_seconds: float = Field(default=5, gt=0)
     batch_rows: int = Field(default=20000, gt=0)
     # Commit to the log at least this often: bounds the capture part of commit-to-sink latency.

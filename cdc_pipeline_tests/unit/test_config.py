@@ -317,8 +317,10 @@ def test_deprecated_keys_load_with_a_warning_that_they_have_no_effect() -> None:
     import warnings
 
     with pytest.warns(FutureWarning) as caught:
-        cfg = parse_config(MINIMAL + "drain: {idle_seconds: 1}\ndelivery: {lag_trigger_messages: 5}\n", "c.yaml", {})
+        cfg = parse_config(MINIMAL + "drain: {idle_seconds: 1, tick_seconds: 3}\ndelivery: {lag_trigger_messages: 5}\n",
+                           "c.yaml", {})
     assert [str(w.message) for w in caught] == [
+        "c.yaml: drain.tick_seconds is deprecated and has no effect; remove it",
         "c.yaml: drain.idle_seconds is deprecated and has no effect; remove it",
         "c.yaml: delivery.lag_trigger_messages is deprecated and has no effect; remove it",
     ]
