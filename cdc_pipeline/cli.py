@@ -126,6 +126,13 @@ def cmd_api_sync(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from cdc_pipeline.consumers.serve import serve
+
+    logging.getLogger("cdc_pipeline").setLevel(logging.INFO)  # a server says what it serves and waits for
+    return serve(_config(args), host=args.host, port=args.port)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from cdc_pipeline.demo import run_demo
 
@@ -184,6 +191,10 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--until-idle", action="store_true", help="stop once every collection has caught up")
     a.add_argument("--seconds", type=float, default=None, help="stop after this long")
     a.set_defaults(fn=cmd_api_sync)
+    sv = sub.add_parser("serve", help="HTTP API for pull consumers (http_pull sinks)")
+    sv.add_argument("--host", default="127.0.0.1")
+    sv.add_argument("--port", type=int, default=8080)
+    sv.set_defaults(fn=cmd_serve)
     m = sub.add_parser("demo", help="embedded Postgres + sample load + pipeline + Dagster UI")
     m.add_argument("--port", type=int, default=3000)
     m.add_argument("--seconds", type=float, default=None, help="stop after this long (default: until Ctrl-C)")

@@ -12,6 +12,7 @@ Modules: ``loading`` (file, YAML, interpolation), ``errors`` (ConfigError, redac
 from cdc_pipeline.config.api_sources import ApiCollectionConfig, ApiSourceConfig, RateLimitConfig
 from cdc_pipeline.config.destinations import (
     Destination,
+    HttpPullDestination,
     NatsDestination,
     ParquetDestination,
     PostgresDestination,
@@ -57,6 +58,7 @@ __all__ = [
     "StateConfig",
     "TableConfig",
     "WebhookDestination",
+    "HttpPullDestination",
     "load_config",
     "parse_config",
     "redact",

@@ -124,6 +124,9 @@ class Deliverer:
             if self.sink is not None:
                 self.sink.open()
                 self.sink.prepare(lambda table: self.store.table_info(conn, table))
+                bind = getattr(self.sink, "bind_state", None)
+                if bind is not None:  # http_pull: queues in this connection's offset transaction
+                    bind(conn, self.config.state.schema_name)
             try:
                 offset = self.store.sink_offset(conn, name)
                 if self.sink is not None:

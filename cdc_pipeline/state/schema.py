@@ -141,6 +141,26 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX change_log_xid ON {s}.change_log (xid) WHERE xid IS NOT NULL;
     """,
+    # 3: pull consumers (state/pull_queue.py). Delivery to an http_pull sink inserts here in the
+    # transaction that advances the sink's offset; `serve` hands rows out and deletes them on ack. `id`
+    # is insert order, which is commit order (one deliverer per sink); visible_at is when an unacked
+    # message is available again (-infinity: never handed out yet).
+    """
+    CREATE TABLE {s}.pull_queue (
+        consumer    text        NOT NULL,
+        id          bigint      GENERATED ALWAYS AS IDENTITY,
+        commit_lsn  bigint      NOT NULL,
+        commit_idx  integer     NOT NULL,
+        group_key   text,
+        payload     text        NOT NULL,
+        deliveries  integer     NOT NULL DEFAULT 0,
+        visible_at  timestamptz NOT NULL DEFAULT '-infinity',
+        parked      boolean     NOT NULL DEFAULT false,
+        enqueued_at timestamptz NOT NULL DEFAULT now(),
+        PRIMARY KEY (consumer, id)
+    );
+    CREATE INDEX pull_queue_group ON {s}.pull_queue (consumer, group_key, id);
+    """,
 ]
 
 
