@@ -144,7 +144,9 @@ MIGRATIONS: list[str] = [
     # 3: pull consumers (state/pull_queue.py). Delivery to an http_pull sink inserts here in the
     # transaction that advances the sink's offset; `serve` hands rows out and deletes them on ack. `id`
     # is insert order, which is commit order (one deliverer per sink); visible_at is when an unacked
-    # message is available again (-infinity: never handed out yet).
+    # message is available again (-infinity: never handed out yet). Half-empty pages let a lease be a
+    # HOT update (no indexed column changes), so receive writes no index entries; frequent autovacuum
+    # keeps acked rows' dead index entries from slowing the group-head check.
     """
     CREATE TABLE {s}.pull_queue (
         consumer    text        NOT NULL,
@@ -158,7 +160,7 @@ MIGRATIONS: list[str] = [
         parked      boolean     NOT NULL DEFAULT false,
         enqueued_at timestamptz NOT NULL DEFAULT now(),
         PRIMARY KEY (consumer, id)
-    );
+    ) WITH (fillfactor = 50, autovacuum_vacuum_scale_factor = 0.02, autovacuum_vacuum_threshold = 2000);
     CREATE INDEX pull_queue_group ON {s}.pull_queue (consumer, group_key, id);
     """,
 ]
