@@ -23,6 +23,7 @@ from pyspark.errors import AnalysisException, ParseException
 from pyspark.sql import SparkSession
 
 from cdc_pipeline.config import PipelineConfig, SinkConfig
+from cdc_pipeline.delivery import rows
 from cdc_pipeline.delivery.arrow_stage import run_arrow_stage
 from cdc_pipeline.delivery.backoff import next_delay_ms
 from cdc_pipeline.delivery.spark_stage import SinkPlan, empty_output, run_stage
@@ -107,6 +108,7 @@ class Deliverer:
         self.sink = None if dry_run else (sink or build_sink(sink_config))
         self.batch_size = sink_config.batch_size or config.delivery.batch_size
         self._stop = threading.Event()
+        self._keys: dict[str, tuple[str, ...]] = {}  # row streams: primary key columns per table
 
     def stop(self) -> None:
         self._stop.set()
@@ -222,6 +224,21 @@ class Deliverer:
 
     def _stage(self, batch: pa.Table, schemas: dict[str, list[dict[str, object]]]
                ) -> tuple[pa.Table, list[StageFailure]]:
+        if self.sink_config.stream != "rows":
+            return self._stage_changes(batch, schemas)
+        batch = rows.coalesce(batch, self.sink_config.deletes)  # rows.py: row streams, any sink type
+        out, failed = self._stage_changes(batch, schemas)
+        return rows.reshape(out, rows.deleted_keys(batch, self._key_columns)), failed
+
+    def _key_columns(self, table: str) -> tuple[str, ...]:
+        if table not in self._keys:
+            with psycopg.connect(self.config.state_dsn) as conn:
+                info = self.store.table_info(conn, table)
+            self._keys[table] = info.primary_key if info else ()
+        return self._keys[table]
+
+    def _stage_changes(self, batch: pa.Table, schemas: dict[str, list[dict[str, object]]]
+                       ) -> tuple[pa.Table, list[StageFailure]]:
         """Run the Spark stage; when it fails at run time (a transform raising on some row), bisect the
         batch to find the rows that make it fail, so only those are parked, not the batch."""
         if not self.plan.needs_record:
