@@ -133,6 +133,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return serve(_config(args), host=args.host, port=args.port)
 
 
+def cmd_replay(args: argparse.Namespace) -> int:
+    from cdc_pipeline.delivery.replay import parse_time, replay
+
+    end = parse_time(args.to) if args.to else None
+    stats = replay(_config(args), args.sink, parse_time(args.start), end, table=args.table)
+    print(f"replay to sink {args.sink}: " + json.dumps(stats.as_metadata()))
+    return 1 if stats.failed else 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from cdc_pipeline.demo import run_demo
 
@@ -195,6 +204,12 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=int, default=8080)
     sv.set_defaults(fn=cmd_serve)
+    r = sub.add_parser("replay", help="re-deliver the retained changes of a commit-time window to one sink")
+    r.add_argument("--sink", required=True)
+    r.add_argument("--from", dest="start", required=True, help="window start (ISO 8601; UTC if no zone)")
+    r.add_argument("--to", help="window end, exclusive (default: now)")
+    r.add_argument("--table", help="only this table's changes")
+    r.set_defaults(fn=cmd_replay)
     m = sub.add_parser("demo", help="embedded Postgres + sample load + pipeline + Dagster UI")
     m.add_argument("--port", type=int, default=3000)
     m.add_argument("--seconds", type=float, default=None, help="stop after this long (default: until Ctrl-C)")

@@ -163,6 +163,14 @@ MIGRATIONS: list[str] = [
     ) WITH (fillfactor = 50, autovacuum_vacuum_scale_factor = 0.02, autovacuum_vacuum_threshold = 2000);
     CREATE INDEX pull_queue_group ON {s}.pull_queue (consumer, group_key, id);
     """,
+    # 4: how far retention has deleted the log (state/replay_log.py): a replay window must start after it.
+    """
+    CREATE TABLE {s}.log_trimmed (
+        one           boolean PRIMARY KEY DEFAULT true CHECK (one),
+        trimmed_until timestamptz NOT NULL
+    );
+    CREATE INDEX change_log_commit_ts ON {s}.change_log (commit_ts);
+    """,
 ]
 
 
