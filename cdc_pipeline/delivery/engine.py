@@ -23,7 +23,7 @@ from pyspark.errors import AnalysisException, ParseException
 from pyspark.sql import SparkSession
 
 from cdc_pipeline.config import PipelineConfig, SinkConfig
-from cdc_pipeline.delivery import rows
+from cdc_pipeline.delivery import backlog, rows
 from cdc_pipeline.delivery.arrow_stage import run_arrow_stage
 from cdc_pipeline.delivery.backoff import next_delay_ms
 from cdc_pipeline.delivery.spark_stage import SinkPlan, empty_output, run_stage
@@ -109,6 +109,7 @@ class Deliverer:
         self.batch_size = sink_config.batch_size or config.delivery.batch_size
         self._stop = threading.Event()
         self._keys: dict[str, tuple[str, ...]] = {}  # row streams: primary key columns per table
+        self._resyncs: list[threading.Thread] = []  # backfills re-syncing a row stream (backlog.py)
 
     def stop(self) -> None:
         self._stop.set()
@@ -136,6 +137,11 @@ class Deliverer:
                     if held is not None and held > offset:  # the sink committed before we did
                         offset = held
                 conn.commit()
+                if not self.dry_run:  # state.max_backlog_hours: resync a row stream, stop a change stream
+                    offset, resync = backlog.enforce(self.config, self.sink_config, self.store, conn, offset)
+                    if self.config.state.max_backlog_hours is not None:
+                        self._resyncs = backlog.start_resync(self.config, self.sink_config, backlog.resync_tables(
+                            self.config, self.sink_config, conn, resync))
                 offset = self._loop(conn, offset, stats, started, until_idle, seconds)
                 stats.offset = offset
                 stats.lag_messages = self.store.count_after(conn, self.sink_config.tables, offset, sink=name)
@@ -163,8 +169,10 @@ class Deliverer:
                 staged = ahead.result() if ahead is not None else self._load_and_stage(loader, offset)
                 ahead = None
                 if staged.batch.num_rows == 0:
-                    if until_idle:
+                    if until_idle and not any(t.is_alive() for t in self._resyncs):
                         break
+                    log.debug("sink %s: caught up at %s:%s, waiting for new changes", self.sink_config.name,
+                              *offset)
                     self._stop.wait(self.config.delivery.idle_seconds)
                     continue
                 ahead = pool.submit(self._load_and_stage, loader, staged.last)
