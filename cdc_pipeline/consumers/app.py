@@ -32,6 +32,7 @@ from cdc_pipeline.state.pull_queue import NOTIFY_CHANNEL, PullQueue
 log = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.2  # re-check for expired leases at least this often while a long-poll waits
+WAIT_LOG_SECONDS = 30.0
 MAX_BATCH = 10_000
 MAX_WAIT_MS = 60_000
 
@@ -151,6 +152,7 @@ def create_app(config: PipelineConfig, environ: Mapping[str, str] = os.environ, 
             raise unauthorized
         return found
 
+    last_wait_log: dict[str, float] = {}
     errors: dict[int | str, dict[str, Any]] = {401: {"description": "missing or wrong bearer token"},
                                                404: {"description": "no such consumer"}}
 
@@ -168,7 +170,10 @@ def create_app(config: PipelineConfig, environ: Mapping[str, str] = os.environ, 
                 break
             if await request.is_disconnected():
                 return Response(status_code=499)  # nobody to answer; nothing was handed out
-            log.debug("consumer %s: nothing ready, waiting up to %.0f ms for messages", who.name, left * 1000)
+            if time.monotonic() - last_wait_log.get(who.name, 0.0) >= WAIT_LOG_SECONDS:  # not once per request
+                last_wait_log[who.name] = time.monotonic()
+                log.info("consumer %s: nothing ready, long-poll waiting up to %.0f ms for queued messages",
+                         who.name, left * 1000)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(woken.wait(), min(left, POLL_SECONDS))
         # Payloads are stored as JSON text: splice them in rather than parse and re-encode them.

@@ -161,6 +161,7 @@ class Deliverer:
         connection while the sink writes the current one: the two mostly wait on different servers."""
         with psycopg.connect(self.config.state_dsn) as loader, ThreadPoolExecutor(1) as pool:
             ahead: Future[Staged] | None = None
+            idle = False
             while not self._stop.is_set():
                 if seconds is not None and time.monotonic() - started >= seconds:
                     break
@@ -171,10 +172,14 @@ class Deliverer:
                 if staged.batch.num_rows == 0:
                     if until_idle and not any(t.is_alive() for t in self._resyncs):
                         break
-                    log.debug("sink %s: caught up at %s:%s, waiting for new changes", self.sink_config.name,
-                              *offset)
+                    if not idle:  # once per idle spell: what a long-running delivery is waiting for
+                        log.info("sink %s: caught up at %s:%s, waiting for new changes in the log%s",
+                                 self.sink_config.name, *offset,
+                                 " and its resync backfill" if any(t.is_alive() for t in self._resyncs) else "")
+                    idle = True
                     self._stop.wait(self.config.delivery.idle_seconds)
                     continue
+                idle = False
                 ahead = pool.submit(self._load_and_stage, loader, staged.last)
                 offset = self._send(conn, staged, stats)
             if ahead is not None:

@@ -67,7 +67,7 @@ class PullQueue:
             "count(*) FILTER (WHERE NOT parked AND visible_at > now()), count(*) FILTER (WHERE parked) "
             "FROM {}.pull_queue WHERE consumer = %s").format(self.s), (consumer,)).fetchone()
         assert row is not None
-        return {"available": int(row[0]), "in_flight": int(row[1]), "parked": int(row[2])}
+        return {"waiting": int(row[0]), "in_flight": int(row[1]), "parked": int(row[2])}
 
     # -- the serving side (async) -----------------------------------------------------------------
     @property

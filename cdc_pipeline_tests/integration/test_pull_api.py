@@ -19,6 +19,7 @@ import psycopg
 import pytest
 import yaml
 
+from cdc_pipeline import status
 from cdc_pipeline.config import PipelineConfig, load_config
 from cdc_pipeline.sinks import build_sink
 from cdc_pipeline.sinks.base import OutboundMessage
@@ -136,6 +137,7 @@ def test_max_deliveries_parks_and_holds_its_group(served):
         rows = conn.execute("SELECT payload::json->'record'->>'seq', parked, deliveries FROM cdc_pipeline.pull_queue "
                             "WHERE consumer = 'orders' ORDER BY id").fetchall()
     assert rows == [("1", True, 2), ("2", False, 0)]  # q1 acked; p1 parked after 2 deliveries
+    assert status.collect(config)["sinks"]["orders"]["pull_queue"] == {"waiting": 1, "in_flight": 0, "parked": 1}
 
 
 def test_long_poll_wakes_when_messages_are_queued(served):
