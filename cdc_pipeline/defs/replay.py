@@ -23,7 +23,7 @@ class ReplayConfig(Config):
     table: str | None = None  # only this table's changes
 
 
-@op(name="cdc_replay", tags={"cdc_pipeline/kind": "replay"})
+@op(name="replay_window", tags={"cdc_pipeline/kind": "replay"})
 def replay_op(context: OpExecutionContext, config: ReplayConfig, cdc: CdcConfigResource,
               pyspark: PySparkResource, sinks: SinksResource) -> None:
     pipeline = cdc.load()

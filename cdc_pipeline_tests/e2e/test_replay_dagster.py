@@ -35,9 +35,10 @@ def test_replay_job_replays_the_configured_window(source_db, db_factory, write_c
     try:
         first = r.xrange(key)
         defs = build_definitions(str(config.path))
+        assert REPLAY_JOB in {j.name for j in defs.resolve_all_job_defs()}  # the whole repository loads
         with DagsterInstance.ephemeral() as instance:
             run = defs.resolve_job_def(REPLAY_JOB).execute_in_process(
-                instance=instance, run_config={"ops": {"cdc_replay": {"config": {"sink": "stream", "start": start}}}})
+                instance=instance, run_config={"ops": {"replay_window": {"config": {"sink": "stream", "start": start}}}})
             assert run.success
             assert [f[b"data"] for _, f in r.xrange(key)[3:]] == [f[b"data"] for _, f in first[1:]]
 
@@ -46,7 +47,7 @@ def test_replay_job_replays_the_configured_window(source_db, db_factory, write_c
                 conn.commit()
             run = defs.resolve_job_def(REPLAY_JOB).execute_in_process(
                 instance=instance, raise_on_error=False,
-                run_config={"ops": {"cdc_replay": {"config": {"sink": "stream", "start": start}}}})
+                run_config={"ops": {"replay_window": {"config": {"sink": "stream", "start": start}}}})
             assert not run.success
             failure = next(e for e in run.all_events if e.event_type_value == "STEP_FAILURE")
             assert "oldest replayable time" in str(failure.event_specific_data.error)
