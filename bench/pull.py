@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 import psycopg
 import yaml
 
@@ -51,6 +52,19 @@ def fill(dsn: str, messages: int, groups: int) -> None:
         conn.commit()
         conn.autocommit = True
         conn.execute("VACUUM ANALYZE cdc_pipeline.pull_queue")
+
+
+def postgres_cpu(data_dir: Path) -> dict[int, float]:
+    """CPU seconds (user + system) per process of the bench's cluster (postmaster.pid names it)."""
+    postmaster = psutil.Process(int((data_dir / "postmaster.pid").read_text().split()[0]))
+    out = {}
+    for p in [postmaster, *postmaster.children()]:
+        try:
+            t = p.cpu_times()
+            out[p.pid] = t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return out
 
 
 def work(url: str, batch: int, total: int, done: multiprocessing.Value, out: multiprocessing.Queue) -> None:
@@ -98,6 +112,9 @@ def main() -> None:
             "sinks": [{"name": "bench", "tables": ["public.t"],
                        "destination": {"type": "http_pull", "token_env": "PULL_TOKEN"}}]}))
         servers = [Server(cfg, {"PULL_TOKEN": TOKEN}).start() for _ in range(args.servers)]
+        serve_procs = [psutil.Process(s.proc.pid) for s in servers if s.proc is not None]
+        cpu0 = sum(sum(p.cpu_times()[:2]) for p in serve_procs)
+        pg0 = postgres_cpu(cluster.data_dir)
         done = multiprocessing.Value("q", 0)
         out: multiprocessing.Queue = multiprocessing.Queue()
         procs = [multiprocessing.Process(target=work, args=(
@@ -110,6 +127,9 @@ def main() -> None:
         seconds = time.perf_counter() - t0
         for p in procs:
             p.join()
+        serve_cpu = sum(sum(p.cpu_times()[:2]) for p in serve_procs) - cpu0
+        pg1 = postgres_cpu(cluster.data_dir)  # processes alive throughout: the pool's backends
+        pg_cpu = sum(v - pg0.get(pid, 0.0) for pid, v in pg1.items())
         total = sum(r[0] for r in results)
         lat = sorted(x for r in results for x in r[1])
         assert total == args.messages, f"{total} received and acked of {args.messages}"
@@ -118,6 +138,9 @@ def main() -> None:
               f"{args.servers} serve process(es)) in {seconds:.1f} s: {total / seconds:,.0f} msgs/s")
         print(f"receive latency with messages ready: p50 {statistics.median(lat) * 1000:.1f} ms, "
               f"p99 {p99 * 1000:.1f} ms over {len(lat)} requests")
+        # CPU spent, independent of what else the machine runs: what one core could sustain.
+        print(f"CPU: serve {serve_cpu:.1f} s ({total / serve_cpu:,.0f} msgs per serve CPU-second), PostgreSQL "
+              f"{pg_cpu:.1f} s ({total / pg_cpu:,.0f} msgs per PostgreSQL CPU-second)")
     finally:
         for s in servers:
             s.stop()
