@@ -230,3 +230,13 @@ def test_openapi_fuzzed_by_schemathesis_finds_no_server_errors(served):
                      suppress_health_check=list(HealthCheck))(given(strategy)(check))()
     assert len(calls) >= 150 and max(calls) < 500
     assert {200, 404, 422} <= set(calls)
+
+
+def test_serve_refuses_to_start_without_its_token(tmp_path, capsys, monkeypatch):
+    from cdc_pipeline.cli import main as cli_main
+
+    monkeypatch.delenv("PULL_TOKEN", raising=False)
+    path = tmp_path / "cdc.yaml"
+    path.write_text(yaml.safe_dump(pull_config("postgresql://nobody@127.0.0.1:1/none")))
+    assert cli_main(["serve", "--config", str(path), "--port", "0"]) == 1
+    assert "environment variable PULL_TOKEN (token_env) is not set" in capsys.readouterr().err
