@@ -11,8 +11,10 @@ from typing import Any
 import psycopg
 
 from cdc_pipeline.config import PipelineConfig
+from cdc_pipeline.delivery.backlog import problem as backlog_problem
 from cdc_pipeline.postgres import catalog
 from cdc_pipeline.state import stats
+from cdc_pipeline.state.pull_queue import PullQueue
 from cdc_pipeline.state.schema import schema_exists
 from cdc_pipeline.state.store import Store
 
@@ -52,6 +54,12 @@ def collect(config: PipelineConfig) -> dict[str, Any]:
                 **store.failed_summary(conn, sink.name),
                 "updated_at": offset["updated_at"].isoformat() if offset else None,
             }
+            if sink.destination.type == "http_pull" and conn.execute(
+                    "SELECT to_regclass(format('%%I.pull_queue', %s::text))", (schema,)).fetchone()[0]:
+                out["sinks"][sink.name]["pull_queue"] = PullQueue(schema).counts(conn, sink.name)
+            stopped = backlog_problem(config, sink, store.oldest_age(conn, sink.tables, pos, sink=sink.name))
+            if stopped:
+                out["sinks"][sink.name]["error"] = stopped
         out["backfills"], out["backfills_text"] = _backfills(config, conn, slot)
         if config.api_sources:
             from cdc_pipeline.api_sync import lag
@@ -103,6 +111,11 @@ def render(status: dict[str, Any]) -> str:
     for name, s in status["sinks"].items():
         lines.append(f"sink {name}: offset {s['offset']}, lag {s['lag_messages']} messages, delivered "
                      f"{s['delivered']}, parked {s['parked']}, discarded {s['discarded']}")
+        if s.get("pull_queue"):
+            q = s["pull_queue"]
+            lines.append(f"  pull queue: {q['waiting']} waiting, {q['in_flight']} in flight, {q['parked']} parked")
+        if s.get("error"):
+            lines.append(f"ERROR: {s['error']}")
     for line in status.get("backfills_text", []):
         lines.append(line)
     if status.get("api_sync"):

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import click
 
-from cdc_pipeline.cli import api_sync, backfill, capture, delivery, demo, setup_check, status
+from cdc_pipeline.cli import api_sync, backfill, capture, consumers, delivery, demo, setup_check, status
 from cdc_pipeline.cli.common import CONFIG_HELP, Settings, examples, expand_prefixes
 from cdc_pipeline.config import ConfigError, redact
 
@@ -28,6 +28,8 @@ COMMANDS: tuple[click.Command, ...] = (
     delivery.failed,
     backfill.backfill,
     api_sync.api_sync,
+    consumers.serve,
+    consumers.replay,
     demo.demo,
 )
 

@@ -13,6 +13,7 @@ Modules: ``loading`` (file, YAML, interpolation), ``errors`` (ConfigError, redac
 from cdc_pipeline.config.api_sources import ApiCollectionConfig, ApiSourceConfig, RateLimitConfig
 from cdc_pipeline.config.destinations import (
     Destination,
+    HttpPullDestination,
     NatsDestination,
     ParquetDestination,
     PostgresDestination,
@@ -58,6 +59,7 @@ __all__ = [
     "StateConfig",
     "TableConfig",
     "WebhookDestination",
+    "HttpPullDestination",
     "load_config",
     "parse_config",
     "redact",

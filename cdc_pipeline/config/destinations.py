@@ -145,13 +145,32 @@ class ParquetDestination(StrictModel):
     path: str = Field(min_length=1)
 
 
+class HttpPullDestination(StrictModel):
+    """Messages wait in the state database until a consumer pulls them from `cdc-pipeline serve`."""
+
+    type: Literal["http_pull"] = "http_pull"
+    token_env: str  # NAME of the environment variable holding the consumers' bearer token
+    visibility_timeout_ms: int = Field(default=30000, gt=0)
+    max_deliveries: int | None = Field(default=None, gt=0)  # None = hand a message out forever
+
+    @field_validator("token_env")
+    @classmethod
+    def _check_token_env(cls, value: str) -> str:
+        if not ENV_NAME_RE.match(value):
+            # Deliberately does not echo the value: it is probably the token itself.
+            raise ValueError("must be the NAME of an environment variable holding the token "
+                             "(e.g. PULL_TOKEN), never the token itself")
+        return value
+
+
 Destination = Annotated[
     PostgresDestination
     | WebhookDestination
     | RedisStreamDestination
     | NatsDestination
     | RabbitMQDestination
-    | ParquetDestination,
+    | ParquetDestination
+    | HttpPullDestination,
     Field(discriminator="type"),
 ]
 DESTINATION_TYPES: tuple[str, ...] = tuple(

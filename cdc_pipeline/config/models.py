@@ -44,6 +44,9 @@ class StateConfig(StrictModel):
     # `schema` would shadow BaseModel.schema(), hence the alias.
     schema_name: str = Field(default="cdc_pipeline", alias="schema")
     retention_hours: float | None = Field(default=None, gt=0)
+    # A sink further behind than this: a row stream is re-synced by a backfill, a change stream stops
+    # loudly (delivery/backlog.py). None: the log keeps everything until every sink has passed it.
+    max_backlog_hours: float | None = Field(default=None, gt=0)
 
     @field_validator("schema_name")
     @classmethod

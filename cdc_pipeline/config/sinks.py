@@ -42,6 +42,10 @@ class SinkConfig(StrictModel):
     max_retries: int | None = Field(default=None, ge=0)  # None = retry forever
     backoff: BackoffConfig = Field(default_factory=BackoffConfig)
     batch_size: int | None = Field(default=None, gt=0)
+    # rows: the latest version of each changed row (`record` + `metadata`), coalesced per batch;
+    # changes: every change with `action` and `changes` (the default).
+    stream: Literal["changes", "rows"] = "changes"
+    deletes: bool = False  # rows only: send `{"record": <old key>, "deleted": true}` for a deleted row
     destination: Destination
 
     @field_validator("name")

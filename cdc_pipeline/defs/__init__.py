@@ -15,6 +15,7 @@ from cdc_pipeline.defs.api_sync import api_sync_definitions
 from cdc_pipeline.defs.backfill import backfill_asset_key, backfill_definitions
 from cdc_pipeline.defs.capture import build_change_log_asset, build_drain_job, build_drain_sensor
 from cdc_pipeline.defs.delivery import build_delivery_job, build_delivery_sensor, build_sink_asset
+from cdc_pipeline.defs.replay import build_replay_job
 from cdc_pipeline.defs.resources import CdcConfigResource, SinksResource, pyspark_resource
 from cdc_pipeline.defs.translator import CdcTranslator, source_tables
 
@@ -38,7 +39,7 @@ def build_definitions(path: str, translator: CdcTranslator | None = None) -> Def
     return Definitions(
         assets=[*sources, change_log, *sink_assets, *backfill_assets, *api_assets],
         asset_checks=[*backfill_checks, *api_checks],
-        jobs=[drain_job, *delivery_jobs, *backfill_jobs, *api_jobs],
+        jobs=[drain_job, *delivery_jobs, *backfill_jobs, *api_jobs, build_replay_job()],
         schedules=backfill_schedules,
         sensors=[build_drain_sensor(drain_job, log_key), build_delivery_sensor(delivery_jobs, sink_keys)],
         resources={

@@ -13,6 +13,7 @@ from dagster import AssetCheckEvaluation, AssetCheckSeverity, AssetCheckSpec, As
 from psycopg import sql
 
 from cdc_pipeline.config import PipelineConfig, SinkConfig
+from cdc_pipeline.delivery.backlog import problem as backlog_problem
 from cdc_pipeline.postgres import catalog
 from cdc_pipeline.state.store import Store
 
@@ -76,7 +77,7 @@ def sink_figures(pipeline: PipelineConfig, sink: SinkConfig) -> dict[str, Any]:
         parked = store.failed_summary(conn, sink.name)
     return {"offset": f"{offset[0]}:{offset[1]}", "lag_messages": backlog,
             "lag_seconds": round(age or 0.0, 3), "delivered_total": int(delivered[0]) if delivered else 0,
-            **parked}
+            **parked, "backlog_error": backlog_problem(pipeline, sink, age)}
 
 
 def sink_checks(pipeline: PipelineConfig, key: AssetKey, figures: dict[str, Any]) -> list[AssetCheckEvaluation]:
@@ -85,10 +86,12 @@ def sink_checks(pipeline: PipelineConfig, key: AssetKey, figures: dict[str, Any]
     oldest = figures.get("oldest_parked_seconds")
     return [
         AssetCheckEvaluation(
-            asset_key=key, check_name=SINK_LAG_CHECK, passed=figures["lag_seconds"] <= limit,
-            severity=AssetCheckSeverity.ERROR,
+            asset_key=key, check_name=SINK_LAG_CHECK,
+            passed=figures["lag_seconds"] <= limit and not figures.get("backlog_error"),
+            severity=AssetCheckSeverity.ERROR, description=figures.get("backlog_error"),
             metadata={"lag_seconds": figures["lag_seconds"], "lag_messages": figures["lag_messages"],
-                      "max_lag_seconds": limit}),
+                      "max_lag_seconds": limit,
+                      **({"stopped": figures["backlog_error"]} if figures.get("backlog_error") else {})}),
         AssetCheckEvaluation(
             asset_key=key, check_name=PARKED_CHECK, passed=oldest is None or oldest <= max_age,
             severity=AssetCheckSeverity.WARN,

@@ -23,6 +23,7 @@ from pyspark.errors import AnalysisException, ParseException
 from pyspark.sql import SparkSession
 
 from cdc_pipeline.config import PipelineConfig, SinkConfig
+from cdc_pipeline.delivery import backlog, rows
 from cdc_pipeline.delivery.arrow_stage import run_arrow_stage
 from cdc_pipeline.delivery.backoff import next_delay_ms
 from cdc_pipeline.delivery.spark_stage import SinkPlan, empty_output, run_stage
@@ -107,6 +108,8 @@ class Deliverer:
         self.sink = None if dry_run else (sink or build_sink(sink_config))
         self.batch_size = sink_config.batch_size or config.delivery.batch_size
         self._stop = threading.Event()
+        self._keys: dict[str, tuple[str, ...]] = {}  # row streams: primary key columns per table
+        self._resyncs: list[threading.Thread] = []  # backfills re-syncing a row stream (backlog.py)
 
     def stop(self) -> None:
         self._stop.set()
@@ -124,6 +127,9 @@ class Deliverer:
             if self.sink is not None:
                 self.sink.open()
                 self.sink.prepare(lambda table: self.store.table_info(conn, table))
+                bind = getattr(self.sink, "bind_state", None)
+                if bind is not None:  # http_pull: queues in this connection's offset transaction
+                    bind(conn, self.config.state.schema_name)
             try:
                 offset = self.store.sink_offset(conn, name)
                 if self.sink is not None:
@@ -131,6 +137,11 @@ class Deliverer:
                     if held is not None and held > offset:  # the sink committed before we did
                         offset = held
                 conn.commit()
+                if not self.dry_run:  # state.max_backlog_hours: resync a row stream, stop a change stream
+                    offset, resync = backlog.enforce(self.config, self.sink_config, self.store, conn, offset)
+                    if self.config.state.max_backlog_hours is not None:
+                        self._resyncs = backlog.start_resync(self.config, self.sink_config, backlog.resync_tables(
+                            self.config, self.sink_config, conn, resync))
                 offset = self._loop(conn, offset, stats, started, until_idle, seconds)
                 stats.offset = offset
                 stats.lag_messages = self.store.count_after(conn, self.sink_config.tables, offset, sink=name)
@@ -150,6 +161,7 @@ class Deliverer:
         connection while the sink writes the current one: the two mostly wait on different servers."""
         with psycopg.connect(self.config.state_dsn) as loader, ThreadPoolExecutor(1) as pool:
             ahead: Future[Staged] | None = None
+            idle = False
             while not self._stop.is_set():
                 if seconds is not None and time.monotonic() - started >= seconds:
                     break
@@ -158,10 +170,16 @@ class Deliverer:
                 staged = ahead.result() if ahead is not None else self._load_and_stage(loader, offset)
                 ahead = None
                 if staged.batch.num_rows == 0:
-                    if until_idle:
+                    if until_idle and not any(t.is_alive() for t in self._resyncs):
                         break
+                    if not idle:  # once per idle spell: what a long-running delivery is waiting for
+                        log.info("sink %s: caught up at %s:%s, waiting for new changes in the log%s",
+                                 self.sink_config.name, *offset,
+                                 " and its resync backfill" if any(t.is_alive() for t in self._resyncs) else "")
+                    idle = True
                     self._stop.wait(self.config.delivery.idle_seconds)
                     continue
+                idle = False
                 ahead = pool.submit(self._load_and_stage, loader, staged.last)
                 offset = self._send(conn, staged, stats)
             if ahead is not None:
@@ -219,6 +237,21 @@ class Deliverer:
 
     def _stage(self, batch: pa.Table, schemas: dict[str, list[dict[str, object]]]
                ) -> tuple[pa.Table, list[StageFailure]]:
+        if self.sink_config.stream != "rows":
+            return self._stage_changes(batch, schemas)
+        batch = rows.coalesce(batch, self.sink_config.deletes)  # rows.py: row streams, any sink type
+        out, failed = self._stage_changes(batch, schemas)
+        return rows.reshape(out, rows.deleted_keys(batch, self._key_columns)), failed
+
+    def _key_columns(self, table: str) -> tuple[str, ...]:
+        if table not in self._keys:
+            with psycopg.connect(self.config.state_dsn) as conn:
+                info = self.store.table_info(conn, table)
+            self._keys[table] = info.primary_key if info else ()
+        return self._keys[table]
+
+    def _stage_changes(self, batch: pa.Table, schemas: dict[str, list[dict[str, object]]]
+                       ) -> tuple[pa.Table, list[StageFailure]]:
         """Run the Spark stage; when it fails at run time (a transform raising on some row), bisect the
         batch to find the rows that make it fail, so only those are parked, not the batch."""
         if not self.plan.needs_record:

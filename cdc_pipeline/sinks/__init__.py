@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 from cdc_pipeline.sinks.base import Sink, SinkConfigLike
 
-DESTINATION_TYPES = ("postgres", "webhook", "redis_stream", "nats", "rabbitmq", "parquet")
+DESTINATION_TYPES = ("postgres", "webhook", "redis_stream", "nats", "rabbitmq", "parquet", "http_pull")
 
 
 def build_sink(sink_config: SinkConfigLike, environ: Mapping[str, str] = os.environ) -> Sink:
@@ -41,5 +41,9 @@ def build_sink(sink_config: SinkConfigLike, environ: Mapping[str, str] = os.envi
         from cdc_pipeline.sinks.parquet import ParquetSink  # type: ignore[import-not-found,unused-ignore]
 
         return ParquetSink(sink_config)  # type: ignore[no-any-return,unused-ignore]
+    if kind == "http_pull":
+        from cdc_pipeline.sinks.http_pull import HttpPullSink
+
+        return HttpPullSink(sink_config)
     raise ValueError(f"sink {sink_config.name!r}: unknown destination type {kind!r} "
                      f"(expected one of {', '.join(DESTINATION_TYPES)})")

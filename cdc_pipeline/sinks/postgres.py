@@ -240,15 +240,15 @@ class PostgresSink(Sink):
             "         true AS full_state"
             "  FROM _cdc_stage s WHERE {where} AND s.msg->>'action' = 'update' AND {old_pk} <> {new_pk}"
             "  UNION ALL"
-            "  SELECT s.seq * 2 + 1, CASE WHEN s.msg->>'action' = 'delete' THEN 'delete' ELSE 'upsert' END,"
-            "         s.msg->'record', s.msg->>'action' = 'delete' OR s.msg->'record' ?& {cols}"
-            "  FROM _cdc_stage s WHERE {where} AND s.msg->>'action' IN ('insert', 'update', 'delete', 'read')"
+            "  SELECT s.seq * 2 + 1, CASE WHEN {action} = 'delete' THEN 'delete' ELSE 'upsert' END,"
+            "         s.msg->'record', {action} = 'delete' OR s.msg->'record' ?& {cols}"
+            "  FROM _cdc_stage s WHERE {where} AND {action} IN ('insert', 'update', 'delete', 'read')"
             "), k AS (SELECT e.*, {pk_json} AS pkj FROM e),"
             " w AS (SELECT k.*, max(CASE WHEN full_state THEN seq END) OVER (PARTITION BY pkj) AS last_full FROM k)"
             " SELECT seq, kind, rec, row_number() OVER (PARTITION BY pkj ORDER BY seq) AS layer"
             " FROM w WHERE seq >= coalesce(last_full, 0)"
         ).format(where=where, old_pk=old_pk_json, new_pk=new_pk_json, pk_json=pk_json,
-                 cols=sql.Literal(cols)))
+                 cols=sql.Literal(cols), action=ROW_ACTION))
         row = conn.execute("SELECT coalesce(max(layer), 0) FROM _cdc_effects").fetchone()
         layers = int(row[0]) if row else 0
         on = sql.SQL(" AND ").join(sql.SQL("t.{k} = s.{k}").format(k=sql.Identifier(k)) for k in pk)
@@ -266,6 +266,10 @@ class PostgresSink(Sink):
         ).format(t=ident, on=on, assign=assign, cols=col_list, values=values)
         for layer in range(1, layers + 1):
             conn.execute(merge, (layer,))
+
+
+# A row stream's message (delivery/rows.py) has no action: a row, or a deleted row's key.
+ROW_ACTION = sql.SQL("coalesce(s.msg->>'action', CASE WHEN s.msg->'deleted' = 'true' THEN 'delete' ELSE 'read' END)")
 
 
 def _column_type(column: ColumnInfo) -> sql.Composable:

@@ -141,6 +141,36 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX change_log_xid ON {s}.change_log (xid) WHERE xid IS NOT NULL;
     """,
+    # 3: pull consumers (state/pull_queue.py). Delivery to an http_pull sink inserts here in the
+    # transaction that advances the sink's offset; `serve` hands rows out and deletes them on ack. `id`
+    # is insert order, which is commit order (one deliverer per sink); visible_at is when an unacked
+    # message is available again (-infinity: never handed out yet). Half-empty pages let a lease be a
+    # HOT update (no indexed column changes), so receive writes no index entries; frequent autovacuum
+    # keeps acked rows' dead index entries from slowing the group-head check.
+    """
+    CREATE TABLE {s}.pull_queue (
+        consumer    text        NOT NULL,
+        id          bigint      GENERATED ALWAYS AS IDENTITY,
+        commit_lsn  bigint      NOT NULL,
+        commit_idx  integer     NOT NULL,
+        group_key   text,
+        payload     text        NOT NULL,
+        deliveries  integer     NOT NULL DEFAULT 0,
+        visible_at  timestamptz NOT NULL DEFAULT '-infinity',
+        parked      boolean     NOT NULL DEFAULT false,
+        enqueued_at timestamptz NOT NULL DEFAULT now(),
+        PRIMARY KEY (consumer, id)
+    ) WITH (fillfactor = 50, autovacuum_vacuum_scale_factor = 0.02, autovacuum_vacuum_threshold = 2000);
+    CREATE INDEX pull_queue_group ON {s}.pull_queue (consumer, group_key, id);
+    """,
+    # 4: how far retention has deleted the log (state/replay_log.py): a replay window must start after it.
+    """
+    CREATE TABLE {s}.log_trimmed (
+        one           boolean PRIMARY KEY DEFAULT true CHECK (one),
+        trimmed_until timestamptz NOT NULL
+    );
+    CREATE INDEX change_log_commit_ts ON {s}.change_log (commit_ts);
+    """,
 ]
 
 

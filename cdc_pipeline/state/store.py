@@ -255,13 +255,18 @@ class Store:
         low, read_at = self._backfill_floor(conn)
         if low is not None and low <= floor:
             floor = (low[0], low[1] - 1)
-        cur = conn.execute(sql.SQL(
-            "DELETE FROM {s}.change_log l WHERE l.commit_ts < now() - make_interval(secs => %s) "
+        # log_trimmed remembers the newest deleted commit time: replays refuse windows reaching before it.
+        row = conn.execute(sql.SQL(
+            "WITH d AS (DELETE FROM {s}.change_log l WHERE l.commit_ts < now() - make_interval(secs => %s) "
             "AND (%s::timestamptz IS NULL OR l.commit_ts < %s::timestamptz - interval '1 minute') "
             "AND (l.commit_lsn, l.commit_idx) <= (%s, %s) AND NOT EXISTS (SELECT 1 FROM {s}.failed_messages f "
-            "WHERE f.commit_lsn = l.commit_lsn AND f.commit_idx = l.commit_idx AND f.status = 'parked')"
-        ).format(s=self.s), (hours * 3600, read_at, read_at, floor[0], floor[1]))
-        return cur.rowcount
+            "WHERE f.commit_lsn = l.commit_lsn AND f.commit_idx = l.commit_idx AND f.status = 'parked') "
+            "RETURNING l.commit_ts), "
+            "m AS (INSERT INTO {s}.log_trimmed (trimmed_until) SELECT max(commit_ts) FROM d HAVING count(*) > 0 "
+            "ON CONFLICT (one) DO UPDATE SET trimmed_until = greatest({s}.log_trimmed.trimmed_until, "
+            "excluded.trimmed_until)) SELECT count(*) FROM d"
+        ).format(s=self.s), (hours * 3600, read_at, read_at, floor[0], floor[1])).fetchone()
+        return int(row[0]) if row else 0
 
     def _backfill_floor(self, conn: psycopg.Connection) -> tuple[Position | None, datetime | None]:
         """What unreconciled pages of active backfills still need, as (the earliest low watermark in the

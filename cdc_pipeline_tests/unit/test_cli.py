@@ -11,7 +11,7 @@ import pytest
 
 from cdc_pipeline.cli import COMMANDS, cli, main
 
-VERBS = ["check", "setup", "drain", "deliver", "status", "failed", "backfill", "api-sync", "demo"]
+VERBS = ["check", "setup", "drain", "deliver", "status", "failed", "backfill", "api-sync", "serve", "replay", "demo"]
 
 
 def test_the_verbs_are_the_contract_in_order() -> None:

@@ -538,7 +538,7 @@ def test_unknown_destination_type() -> None:
     message = config_error(with_sink("{type: kafka, url: x}"))
     assert message == (
         "cdc.yaml: sinks[0].destination.type: must be one of 'postgres', 'webhook', 'redis_stream', "
-        "'nats', 'rabbitmq', 'parquet' (got 'kafka')"
+        "'nats', 'rabbitmq', 'parquet', 'http_pull' (got 'kafka')"
     )
 
 

@@ -1,0 +1,1 @@
+"""Pull consumers: the HTTP API that `cdc-pipeline serve` runs over the state database's pull queue."""

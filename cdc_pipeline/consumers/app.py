@@ -1,0 +1,198 @@
+"""The pull consumers' HTTP API (FastAPI): receive with long-poll, ack, nack, per http_pull sink.
+
+All state is in the state database (state/pull_queue.py), so any number of `serve` processes can share
+it and a restart loses nothing: what was in flight comes back after its visibility timeout. Each request
+is one statement on a pooled autocommit connection. Long-polls wait on a LISTEN channel the delivery
+engine notifies when it queues messages (and a nack when it releases some), re-checking at least every
+POLL_SECONDS for leases that expired.
+"""
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import psycopg
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.responses import Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from psycopg_pool import AsyncConnectionPool
+from pydantic import BaseModel, ConfigDict, Field
+
+from cdc_pipeline.config import HttpPullDestination, PipelineConfig
+from cdc_pipeline.sinks.base import SinkConfigError
+from cdc_pipeline.state.pull_queue import NOTIFY_CHANNEL, PullQueue
+
+log = logging.getLogger(__name__)
+
+POLL_SECONDS = 0.2  # re-check for expired leases at least this often while a long-poll waits
+WAIT_LOG_SECONDS = 30.0
+MAX_BATCH = 10_000
+MAX_WAIT_MS = 60_000
+
+
+class ReceiveRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    batch_size: int = Field(default=1, ge=1, le=MAX_BATCH)
+    wait_for_ms: int = Field(default=0, ge=0, le=MAX_WAIT_MS)
+
+
+class ReceivedMessage(BaseModel):
+    ack_id: str
+    message: dict[str, Any]
+
+
+class ReceiveResponse(BaseModel):
+    data: list[ReceivedMessage]
+
+
+class SettleRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    ack_ids: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(min_length=1, max_length=MAX_BATCH)
+
+
+class SettleResponse(BaseModel):
+    settled: int = Field(description="how many of the ids were acknowledged (or released)")
+    stale: list[str] = Field(description="ids whose lease had expired or that were handed out again since")
+
+
+@dataclass(frozen=True)
+class Consumer:
+    name: str
+    token: str
+    visibility_timeout_ms: int
+    max_deliveries: int | None
+
+
+def consumers_of(config: PipelineConfig, environ: Mapping[str, str] = os.environ) -> dict[str, Consumer]:
+    """The http_pull sinks of the config, with their tokens read from the environment."""
+    out: dict[str, Consumer] = {}
+    for sink in config.sinks:
+        dest = sink.destination
+        if not isinstance(dest, HttpPullDestination):
+            continue
+        token = environ.get(dest.token_env)
+        if not token:
+            raise SinkConfigError(f"http_pull sink {sink.name!r}: environment variable {dest.token_env} "
+                                  "(token_env) is not set")
+        out[sink.name] = Consumer(sink.name, token, dest.visibility_timeout_ms, dest.max_deliveries)
+    return out
+
+
+class Wakeups:
+    """One asyncio.Event per consumer, set when the delivery engine notifies that it queued messages."""
+
+    def __init__(self, names: list[str]) -> None:
+        self._events = {name: asyncio.Event() for name in names}
+
+    def current(self, name: str) -> asyncio.Event:
+        return self._events[name]
+
+    def fire(self, name: str) -> None:
+        event = self._events.get(name)
+        if event is not None:
+            self._events[name] = asyncio.Event()  # later waiters wait for the next notification
+            event.set()
+
+    async def listen(self, dsn: str) -> None:
+        """LISTEN forever, reconnecting; without it long-polls still see messages within POLL_SECONDS."""
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+                    await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                    log.info("listening for queued messages on channel %s", NOTIFY_CHANNEL)
+                    async for note in conn.notifies():
+                        self.fire(note.payload)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a lost listener degrades to polling, retried
+                log.warning("pull listener lost its state connection (%s); polling every %.1f s, reconnecting",
+                            type(exc).__name__, POLL_SECONDS)
+                await asyncio.sleep(1)
+
+
+def create_app(config: PipelineConfig, environ: Mapping[str, str] = os.environ, pool_size: int = 8) -> FastAPI:
+    consumers = consumers_of(config, environ)
+    queue = PullQueue(config.state.schema_name)
+    wakeups = Wakeups(list(consumers))
+    pool = AsyncConnectionPool(config.state_dsn, min_size=1, max_size=pool_size, open=False,
+                               kwargs={"autocommit": True}, name="cdc_pipeline.serve")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await pool.open(wait=True, timeout=30)
+        listener = asyncio.create_task(wakeups.listen(config.state_dsn))
+        log.info("serving pull consumers: %s", ", ".join(consumers) or "(none configured)")
+        try:
+            yield
+        finally:
+            listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await listener
+            await pool.close()
+
+    app = FastAPI(title="cdc_pipeline pull consumers", version="1", lifespan=lifespan)
+    bearer = HTTPBearer(auto_error=False, description="the token in the consumer's token_env variable")
+
+    def consumer(name: str, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+                 ) -> Consumer:
+        unauthorized = HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
+        if credentials is None:
+            raise unauthorized
+        found = consumers.get(name)
+        if found is None:
+            raise HTTPException(404, f"no http_pull consumer named {name!r}")
+        if not hmac.compare_digest(credentials.credentials.encode(), found.token.encode()):
+            raise unauthorized
+        return found
+
+    last_wait_log: dict[str, float] = {}
+    errors: dict[int | str, dict[str, Any]] = {401: {"description": "missing or wrong bearer token"},
+                                               404: {"description": "no such consumer"}}
+
+    @app.post("/api/consumers/{name}/receive", response_model=ReceiveResponse, responses=errors)
+    async def receive(body: ReceiveRequest, request: Request,
+                      who: Annotated[Consumer, Depends(consumer)]) -> Response:
+        deadline = time.monotonic() + body.wait_for_ms / 1000
+        while True:
+            woken = wakeups.current(who.name)
+            async with pool.connection() as conn:
+                got = await queue.receive(conn, who.name, body.batch_size, who.visibility_timeout_ms,
+                                          who.max_deliveries)
+            left = deadline - time.monotonic()
+            if got or left <= 0:
+                break
+            if await request.is_disconnected():
+                return Response(status_code=499)  # nobody to answer; nothing was handed out
+            if time.monotonic() - last_wait_log.get(who.name, 0.0) >= WAIT_LOG_SECONDS:  # not once per request
+                last_wait_log[who.name] = time.monotonic()
+                log.info("consumer %s: nothing ready, long-poll waiting up to %.0f ms for queued messages",
+                         who.name, left * 1000)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(woken.wait(), min(left, POLL_SECONDS))
+        # Payloads are stored as JSON text: splice them in rather than parse and re-encode them.
+        body_text = '{"data":[' + ",".join(
+            '{"ack_id":' + json.dumps(m.ack_id) + ',"message":' + m.payload + "}" for m in got) + "]}"
+        return Response(body_text, media_type="application/json")
+
+    @app.post("/api/consumers/{name}/ack", response_model=SettleResponse, responses=errors)
+    async def ack(body: SettleRequest, who: Annotated[Consumer, Depends(consumer)]) -> SettleResponse:
+        async with pool.connection() as conn:
+            settled, stale = await queue.settle(conn, who.name, body.ack_ids)
+        return SettleResponse(settled=settled, stale=stale)
+
+    @app.post("/api/consumers/{name}/nack", response_model=SettleResponse, responses=errors)
+    async def nack(body: SettleRequest, who: Annotated[Consumer, Depends(consumer)]) -> SettleResponse:
+        async with pool.connection() as conn:
+            settled, stale = await queue.settle(conn, who.name, body.ack_ids, nack=True)
+        if settled:
+            wakeups.fire(who.name)
+        return SettleResponse(settled=settled, stale=stale)
+
+    return app

@@ -1,0 +1,37 @@
+"""http_pull sink: messages are queued in the state database for `cdc-pipeline serve` to hand out.
+
+"Delivering" is inserting into `pull_queue` on the delivery engine's own state connection, inside the
+transaction that then advances the sink's offset: the batch and the offset commit together, so a crash
+neither loses nor duplicates messages. Consumers receive, ack and nack over HTTP (consumers/app.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import psycopg
+
+from cdc_pipeline.sinks.base import OutboundMessage, Sink, SinkConfigLike
+from cdc_pipeline.state.pull_queue import PullQueue
+
+
+class HttpPullSink(Sink):
+    def __init__(self, sink_config: SinkConfigLike) -> None:
+        self.name = sink_config.name
+        self._conn: psycopg.Connection | None = None
+        self._queue: PullQueue | None = None
+
+    def bind_state(self, conn: psycopg.Connection, schema: str) -> None:
+        """Called by the delivery engine: the connection whose transaction commits the offset."""
+        self._conn = conn
+        self._queue = PullQueue(schema)
+
+    def deliver(self, batch: Sequence[OutboundMessage]) -> list[str | None]:
+        if self._conn is None or self._queue is None:
+            raise RuntimeError(f"http_pull sink {self.name!r}: not bound to the state database")
+        rows = []
+        for m in batch:
+            lsn, _, idx = m.key.partition(":")
+            rows.append((int(lsn), int(idx), m.group, m.payload.decode()))
+        self._queue.enqueue(self._conn, self.name, rows)
+        return [None] * len(batch)

@@ -1,0 +1,126 @@
+"""The pull consumers' queue in the state database (table `pull_queue`, migration 3).
+
+One statement per call, so `serve` processes sharing a database stay correct and fast:
+
+* enqueue: the delivery engine COPYs a batch in, inside the transaction that advances the sink's offset
+  (so a crash can neither lose nor duplicate a batch), and notifies waiting `serve` processes.
+* receive: the oldest available messages that are the head of their group (no earlier message of the
+  group is still queued: acked rows are deleted, so an outstanding or nacked earlier one blocks it),
+  locked with SKIP LOCKED so concurrent receivers never hand out one message twice, and leased until
+  now + visibility timeout. A message that comes back after `max_deliveries` is parked instead.
+* ack / nack: by ack id `<id>.<delivery number>`; an id whose lease expired, or that was handed out
+  again since, is stale and reported back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import psycopg
+from psycopg import sql
+
+NOTIFY_CHANNEL = "cdc_pipeline_pull"
+MAX_BIGINT = 2**63 - 1
+MAX_INT = 2**31 - 1
+
+
+def canonical_ack_id(ack_id: str) -> tuple[int, str] | None:
+    """(row id, canonical form) of a well-formed ack id; None for anything that can never match a row."""
+    head, dot, tail = ack_id.partition(".")
+    if not (dot and head.isascii() and head.isdigit() and tail.isascii() and tail.isdigit()):
+        return None
+    row, delivery = int(head), int(tail)
+    if row > MAX_BIGINT or delivery > MAX_INT:
+        return None
+    return row, f"{row}.{delivery}"
+
+
+@dataclass(frozen=True)
+class Received:
+    ack_id: str
+    payload: str
+
+
+@dataclass(frozen=True)
+class PullQueue:
+    schema: str
+
+    @property
+    def s(self) -> sql.Identifier:
+        return sql.Identifier(self.schema)
+
+    # -- the delivery side (sync, the engine's transaction) ---------------------------------------
+    def enqueue(self, conn: psycopg.Connection, consumer: str,
+                rows: Sequence[tuple[int, int, str | None, str]]) -> None:
+        """rows: (commit_lsn, commit_idx, group, payload) in commit order. Not committed here."""
+        with conn.cursor() as cur, cur.copy(sql.SQL(
+                "COPY {}.pull_queue (consumer, commit_lsn, commit_idx, group_key, payload) FROM STDIN")
+                .format(self.s)) as copy:
+            for lsn, idx, group, payload in rows:
+                copy.write_row((consumer, lsn, idx, group, payload))
+        conn.execute("SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, consumer))
+
+    def counts(self, conn: psycopg.Connection, consumer: str) -> dict[str, int]:
+        row = conn.execute(sql.SQL(
+            "SELECT count(*) FILTER (WHERE NOT parked AND visible_at <= now()), "
+            "count(*) FILTER (WHERE NOT parked AND visible_at > now()), count(*) FILTER (WHERE parked) "
+            "FROM {}.pull_queue WHERE consumer = %s").format(self.s), (consumer,)).fetchone()
+        assert row is not None
+        return {"waiting": int(row[0]), "in_flight": int(row[1]), "parked": int(row[2])}
+
+    # -- the serving side (async) -----------------------------------------------------------------
+    @property
+    def receive_sql(self) -> sql.Composed:
+        # Parking happens when a message is about to go out again after max_deliveries: the row is
+        # updated (parked, never visible again) but not returned to the client.
+        return sql.SQL(
+            "WITH picked AS (SELECT q.id FROM {s}.pull_queue q "
+            "  WHERE q.consumer = %(c)s AND NOT q.parked AND q.visible_at <= now() "
+            "  AND (q.group_key IS NULL OR NOT EXISTS (SELECT 1 FROM {s}.pull_queue e "
+            "       WHERE e.consumer = q.consumer AND e.group_key = q.group_key AND e.id < q.id)) "
+            "  ORDER BY q.id LIMIT %(n)s FOR UPDATE OF q SKIP LOCKED) "
+            "UPDATE {s}.pull_queue q SET "
+            "  parked = coalesce(q.deliveries >= %(max)s::int, false), "
+            "  deliveries = q.deliveries + (NOT coalesce(q.deliveries >= %(max)s::int, false))::int, "
+            "  visible_at = CASE WHEN coalesce(q.deliveries >= %(max)s::int, false) THEN 'infinity' "
+            "    ELSE clock_timestamp() + make_interval(secs => %(vt)s / 1000.0) END "
+            "FROM picked WHERE q.consumer = %(c)s AND q.id = picked.id "
+            "RETURNING q.id, q.deliveries, q.parked, q.payload").format(s=self.s)
+
+    @property
+    def ack_sql(self) -> sql.Composed:
+        return sql.SQL(
+            "DELETE FROM {}.pull_queue WHERE consumer = %s AND id = ANY(%s) "
+            "AND (id::text || '.' || deliveries::text) = ANY(%s) AND NOT parked AND visible_at > now() "
+            "RETURNING id, deliveries").format(self.s)
+
+    @property
+    def nack_sql(self) -> sql.Composed:
+        return sql.SQL(
+            "UPDATE {}.pull_queue SET visible_at = now() WHERE consumer = %s AND id = ANY(%s) "
+            "AND (id::text || '.' || deliveries::text) = ANY(%s) AND NOT parked AND visible_at > now() "
+            "RETURNING id, deliveries").format(self.s)
+
+    async def receive(self, conn: psycopg.AsyncConnection, consumer: str, batch_size: int,
+                      visibility_timeout_ms: int, max_deliveries: int | None) -> list[Received]:
+        cur = await conn.execute(self.receive_sql, {"c": consumer, "n": batch_size, "max": max_deliveries,
+                                                    "vt": visibility_timeout_ms})
+        rows = await cur.fetchall()
+        rows.sort(key=lambda r: r[0])  # RETURNING order is not guaranteed; commit order is the contract
+        return [Received(f"{r[0]}.{r[1]}", r[3]) for r in rows if not r[2]]
+
+    async def settle(self, conn: psycopg.AsyncConnection, consumer: str, ack_ids: Sequence[str],
+                     nack: bool = False) -> tuple[int, list[str]]:
+        """Ack (delete) or nack (make available now) by ack id: (how many matched, the stale ids)."""
+        parsed = [canonical_ack_id(a) for a in ack_ids]
+        valid = [p for p in parsed if p is not None]
+        done: set[str] = set()
+        if valid:
+            cur = await conn.execute(self.nack_sql if nack else self.ack_sql,
+                                     (consumer, [p[0] for p in valid], [p[1] for p in valid]))
+            done = {f"{r[0]}.{r[1]}" for r in await cur.fetchall()}
+            if nack and done:
+                await conn.execute("SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, consumer))
+        stale = [a for a, p in zip(ack_ids, parsed, strict=True) if p is None or p[1] not in done]
+        return len(done), stale

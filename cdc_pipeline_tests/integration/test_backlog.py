@@ -1,0 +1,80 @@
+"""state.max_backlog_hours: a row stream too far behind is re-synced by a backfill (and the log behind it
+may go); a change stream too far behind stops loudly (run, status, lag check) and skips nothing."""
+
+from __future__ import annotations
+
+import time
+
+import psycopg
+import pytest
+from dagster import AssetKey
+
+from cdc_pipeline import status
+from cdc_pipeline.defs.health import SINK_LAG_CHECK, sink_checks, sink_figures
+from cdc_pipeline.delivery.backlog import BacklogExceeded
+from cdc_pipeline.setup import setup
+from cdc_pipeline.state.store import Store
+from cdc_pipeline_tests.helpers import assert_mirrored, deliver, drain, mirror_config, rows
+from cdc_pipeline_tests.integration.test_backfill import drain_running
+
+LIMIT_HOURS = 1.0 / 3600  # one second
+
+
+def test_change_stream_past_the_limit_stops_loudly_and_skips_nothing(source_db, db_factory, write_config, spark):
+    dest = db_factory()
+    source_db.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    data = mirror_config(source_db.dsn, dest.dsn, ["public.t"])
+    data["state"] = {"max_backlog_hours": LIMIT_HOURS}
+    config = write_config(data)
+    setup(config)
+    source_db.execute("INSERT INTO t SELECT g, 'v' FROM generate_series(1, 30) g")
+    drain(config)
+    time.sleep(1.5)
+    with pytest.raises(BacklogExceeded, match="sink 'mirror' is stopped.*max_backlog_hours"):
+        deliver(config, spark)
+    with psycopg.connect(config.state_dsn) as conn:
+        assert Store("cdc_pipeline").sink_offset(conn, "mirror") == (0, -1)  # not moved, nothing skipped
+        assert conn.execute("SELECT count(*) FROM cdc_pipeline.change_log").fetchone() == (30,)
+    shown = status.collect(config)["sinks"]["mirror"]
+    assert "is stopped" in shown["error"] and "ERROR: sink 'mirror' is stopped" in status.render(status.collect(config))
+    [lag_check] = [c for c in sink_checks(config, AssetKey(["sink", "mirror"]), sink_figures(config, config.sink("mirror")))
+                   if c.check_name == SINK_LAG_CHECK]
+    assert not lag_check.passed and "is stopped" in (lag_check.description or "")
+
+    # Without the limit it catches up with every change.
+    del data["state"]
+    config = write_config(data)
+    deliver(config, spark)
+    assert assert_mirrored(source_db.dsn, "public.t", dest.dsn, "mirror.t") == 30
+
+
+def test_row_stream_past_the_limit_is_resynced_by_a_backfill(source_db, db_factory, write_config, spark):
+    dest = db_factory()
+    source_db.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    data = mirror_config(source_db.dsn, dest.dsn, ["public.t"], stream="rows")
+    data["state"] = {"max_backlog_hours": LIMIT_HOURS}
+    data["drain"] = {"heartbeat_seconds": 0.5, "batch_ms": 100, "idle_seconds": 0.5}
+    config = write_config(data)
+    setup(config)
+    source_db.execute("INSERT INTO t SELECT g, 'v0' FROM generate_series(1, 40) g")
+    drain(config)
+    deliver(config, spark)
+    source_db.execute("UPDATE t SET v = 'v1' WHERE id <= 20")
+    source_db.execute("INSERT INTO t SELECT g, 'new' FROM generate_series(41, 60) g")
+    drain(config)
+    with psycopg.connect(config.state_dsn) as conn:
+        behind = Store("cdc_pipeline").log_head(conn, ["public.t"])
+    time.sleep(1.5)
+    with drain_running(config):
+        stats = deliver(config, spark)  # until idle: waits for its resync backfill to be delivered
+    assert assert_mirrored(source_db.dsn, "public.t", dest.dsn, "mirror.t") == 60
+    with psycopg.connect(config.state_dsn) as conn:
+        origin = conn.execute("SELECT origin, sinks, status FROM cdc_pipeline.backfills").fetchall()
+        offset = Store("cdc_pipeline").sink_offset(conn, "mirror")
+    assert origin == [("backlog-resync", ["mirror"], "completed")]
+    assert offset > behind and stats.delivered == 60  # the backfill's 60 rows, not the 40 skipped changes
+    # The log behind it may now be deleted: retention no longer waits for this sink.
+    with psycopg.connect(config.state_dsn) as conn:
+        assert Store("cdc_pipeline").apply_retention(conn, 0.0001, ["mirror"]) >= 80
+        conn.commit()
+    assert {r["v"] for r in rows(dest.dsn, "mirror.t") if r["id"] <= 20} == {"v1"}
