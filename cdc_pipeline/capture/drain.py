@@ -166,7 +166,7 @@ class Drain:
             # The grace is for a first start only; after a reconnect a held lock is most likely our own
             # old session not yet timed out, so it is waited for with the logged backoff instead.
             grace = 0.0 if self._streamed else START_LOCK_GRACE_SECONDS
-            if not _lock_within(state, f"cdc_pipeline.drain:{cfg.source.slot}", grace):
+            if not session.lock_within(state, f"cdc_pipeline.drain:{cfg.source.slot}", grace):
                 if self._streamed:
                     raise faults.LockStillHeld(f"the drain lock for slot {cfg.source.slot!r} is still held")
                 raise faults.DrainFatal(f"another drain is already running for slot {cfg.source.slot!r}")
@@ -347,14 +347,3 @@ class Drain:
         row = source.execute("SELECT (pg_logical_emit_message(true, %s, %s) - '0/0')::bigint",
                              (prefix, content)).fetchone()
         return int(row[0]) if row else 0
-
-
-def _lock_within(state: psycopg.Connection, key: str, seconds: float) -> bool:
-    """Take the drain lock, waiting briefly: a drain that just stopped (same process or a restarted
-    one) releases it only once the server has processed its disconnect."""
-    deadline = time.monotonic() + seconds
-    while not session.try_lock(state, key):
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.2)
-    return True

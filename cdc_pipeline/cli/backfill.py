@@ -35,7 +35,7 @@ class Output:
 
 
 @click.command(
-    cls=Verb, short_help="backfill a table's rows to its sinks; list/pause/resume/cancel backfills",
+    cls=Verb, short_help="backfill a table to its sinks; list/pause/resume/cancel backfills",
     epilog=examples(
         "cdc-pipeline backfill public.orders                          # every sink that receives it",
         "cdc-pipeline backfill public.orders --sink orders_mirror --sort-column updated_at \\",

@@ -15,6 +15,7 @@ win: PostgreSQL applies ``-c`` settings in order), and libpq parameters it sets 
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import psycopg
@@ -75,6 +76,17 @@ def try_lock(conn: psycopg.Connection, name: str) -> bool:
     """Take the session-level advisory lock ``name`` if free; held until unlock or the session ends."""
     row = conn.execute(f"SELECT pg_try_advisory_lock({LOCK_KEY_SQL})", (name,)).fetchone()
     return bool(row and row[0])
+
+
+def lock_within(conn: psycopg.Connection, name: str, seconds: float) -> bool:
+    """Take the advisory lock ``name``, retrying for up to ``seconds``: a holder that just went away (same
+    process or a restarted one) releases it only once the server has processed its disconnect."""
+    deadline = time.monotonic() + seconds
+    while not try_lock(conn, name):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.2)
+    return True
 
 
 def unlock(conn: psycopg.Connection, name: str) -> None:
