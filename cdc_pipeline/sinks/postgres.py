@@ -21,6 +21,7 @@ from psycopg import sql
 from cdc_pipeline.postgres.catalog import ColumnInfo, TableInfo, describe_table
 from cdc_pipeline.postgres.keyset import parse_qualified
 from cdc_pipeline.sinks.base import OutboundMessage, Sink, SinkUnavailable
+from cdc_pipeline.sinks.pg_copy import stage_block
 
 OFFSETS_SCHEMA = "cdc_pipeline_sink"
 FIRST_USER_OID = 16384  # types above this (enums, domains, composites) may not exist in the destination
@@ -122,13 +123,9 @@ class PostgresSink(Sink):
         assert self.conn is not None
         conn = self.conn
         conn.execute("TRUNCATE _cdc_stage")
-        last = (0, -1)
+        block, last = stage_block(batch)
         with conn.cursor().copy("COPY _cdc_stage (seq, lsn, idx, grp, route, msg) FROM STDIN") as copy:
-            for seq, m in enumerate(batch):
-                lsn, _, idx = m.key.partition(":")
-                pos = (int(lsn), int(idx))
-                last = max(last, pos)
-                copy.write_row((seq, pos[0], pos[1], m.group, m.route, m.payload.decode()))
+            copy.write(block)
         if self.mode == "append":
             self._append()
         else:
