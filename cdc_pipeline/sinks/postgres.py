@@ -21,7 +21,6 @@ from psycopg import sql
 from cdc_pipeline.postgres.catalog import ColumnInfo, TableInfo, describe_table
 from cdc_pipeline.postgres.keyset import parse_qualified
 from cdc_pipeline.sinks.base import OutboundMessage, Sink, SinkUnavailable
-from cdc_pipeline.sinks.pg_copy import stage_block
 
 OFFSETS_SCHEMA = "cdc_pipeline_sink"
 FIRST_USER_OID = 16384  # types above this (enums, domains, composites) may not exist in the destination
@@ -126,9 +125,13 @@ class PostgresSink(Sink):
         conn.execute("TRUNCATE _cdc_stage")
         # The mirror sorts a batch's effects by key with their records: in memory, not in temp files.
         conn.execute(f"SET LOCAL work_mem = '{STAGE_WORK_MEM}'")
-        block, last = stage_block(batch)
+        last = (0, -1)
         with conn.cursor().copy("COPY _cdc_stage (seq, lsn, idx, grp, route, msg) FROM STDIN") as copy:
-            copy.write(block)
+            for seq, m in enumerate(batch):
+                lsn, _, idx = m.key.partition(":")
+                pos = (int(lsn), int(idx))
+                last = max(last, pos)
+                copy.write_row((seq, pos[0], pos[1], m.group, m.route, m.payload.decode()))
         if self.mode == "append":
             self._append()
         else:
