@@ -4,7 +4,8 @@ One page: the low watermark (its own transaction), then in one REPEATABLE READ t
 ``pg_current_snapshot()`` and the keyset select under ``SET LOCAL statement_timeout``, its rows staged
 with the snapshot and the page's cursor; then the high watermark. When the state lives in the source
 database, reading and staging are one ``INSERT ... SELECT`` (the rows never leave the server); otherwise
-they are streamed ``COPY TO`` -> ``COPY FROM``, a block at a time.
+they are streamed binary ``COPY TO`` -> ``COPY FROM``, a block at a time, without being decoded (only the
+page's last tuple is, for its cursor).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import sql
 
-from cdc_pipeline.backfill.copytext import parse_line
+from cdc_pipeline.backfill.copybinary import tuple_fields
 from cdc_pipeline.backfill.request import TableShape
 from cdc_pipeline.backfill.state import BackfillSpec
 from cdc_pipeline.backfill.watermark import WATERMARK_PREFIX, Watermark, page_token
@@ -62,8 +63,9 @@ def page_sql(conn: psycopg.Connection, shape: TableShape, backfill_id: str, page
     if shape.generated:  # pgoutput does not send generated columns; nor do reads
         record = sql.SQL("({} - %s::text[])").format(record)
         params.append(list(shape.generated))
+    # Typed as the staging table's columns: binary COPY carries values in their own types' formats.
     query = sql.SQL(
-        "SELECT %s, %s, row_number() OVER w, jsonb_build_array({pk})::text, {record}, "
+        "SELECT %s::text, %s::integer, (row_number() OVER w)::integer, jsonb_build_array({pk})::text, {record}, "
         "CASE WHEN lead(true) OVER w IS NULL THEN jsonb_build_array({cursor})::text END "
         "FROM ({inner}) p WINDOW w AS (ORDER BY {order})"
     ).format(
@@ -86,6 +88,16 @@ class Page:
 
 def parse_cursor(text: str | None) -> list[str] | None:
     return None if text is None else [str(v) for v in json.loads(text)]
+
+
+def _last_cursor(chunk: bytes, rows: int) -> list[str] | None:
+    """The cursor in a page's last tuple (binary COPY; its last field, text, set on the last row only).
+    Its seq (row_number, int4) must equal the tuples counted: a page is never taken as shorter than it is."""
+    fields = tuple_fields(chunk)
+    if not fields or fields[2] is None or int.from_bytes(fields[2], "big", signed=True) != rows:
+        raise RuntimeError(f"backfill page: COPY relay counted {rows} tuples but the last one does not say so")
+    value = fields[-1]
+    return parse_cursor(value.decode()) if value is not None else None
 
 
 def emit(src: psycopg.Connection, mark: Watermark) -> None:
@@ -131,30 +143,36 @@ class PageReader:
                 cur = parse_cursor(last_cursor)
                 pages.record_page(src, bid, page_no, snap, read_at, size, rows, read_ms, cur)
             return Page(rows, cur, read_ms, page_token(snap, read_at))
-        # The state lives elsewhere: stream COPY TO -> COPY FROM, a block at a time, so memory stays
-        # bounded whatever the page and row sizes. The page's time includes staging, as above.
-        rows = 0
-        last = b""
+        # The state lives elsewhere: stream binary COPY TO -> COPY FROM, a block at a time, so memory stays
+        # bounded whatever the page and row sizes; neither server escapes or unescapes text, and this
+        # process only counts chunks. The page's time includes staging, as above.
+        before = last = b""
         with state.transaction(), src.transaction():
             snap, read_at = src.execute("SELECT pg_current_snapshot()::text, now()").fetchone()  # type: ignore[misc]
             src.execute(timeout)
             t0 = time.perf_counter()
-            with state.cursor().copy(sql.SQL("COPY {} FROM STDIN").format(pages.rows_table())) as sink, \
-                    src.cursor().copy(sql.SQL("COPY ({}) TO STDOUT").format(sql.SQL(select))) as source:
+            with state.cursor().copy(sql.SQL("COPY {} FROM STDIN (FORMAT binary)").format(pages.rows_table())) \
+                    as sink, src.cursor().copy(sql.SQL("COPY ({}) TO STDOUT (FORMAT binary)").format(sql.SQL(select))) \
+                    as source:
                 block: list[bytes] = []
                 block_bytes = 0
-                for data in source:  # one row per chunk
-                    last = bytes(data)
-                    block.append(last)
-                    block_bytes += len(last)
-                    rows += 1
+                # One tuple per chunk, the header riding on the first; the trailer comes last, alone (or
+                # with the header when there are no rows).
+                chunks = 0
+                for data in source:
+                    chunk = bytes(data)
+                    before, last = last, chunk
+                    chunks += 1
+                    block.append(chunk)
+                    block_bytes += len(chunk)
                     if block_bytes >= COPY_BLOCK:
                         sink.write(b"".join(block))
                         block, block_bytes = [], 0
                 if block:
                     sink.write(b"".join(block))
+            rows = max(0, chunks - 1)
             read_ms = (time.perf_counter() - t0) * 1000
-            cur = parse_cursor(parse_line(last)[-1]) if rows else None
+            cur = _last_cursor(before, rows) if rows else None
             pages.record_page(state, bid, page_no, snap, read_at, size, rows, read_ms, cur)
         return Page(rows, cur, read_ms, page_token(snap, read_at))
 

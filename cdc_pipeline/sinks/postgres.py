@@ -24,6 +24,7 @@ from cdc_pipeline.sinks.base import OutboundMessage, Sink, SinkUnavailable
 
 OFFSETS_SCHEMA = "cdc_pipeline_sink"
 FIRST_USER_OID = 16384  # types above this (enums, domains, composites) may not exist in the destination
+STAGE_WORK_MEM = "128MB"  # per sort/hash of one batch, for this transaction only
 _TRANSIENT = (psycopg.OperationalError, psycopg.errors.ConnectionTimeout)
 
 
@@ -122,6 +123,8 @@ class PostgresSink(Sink):
         assert self.conn is not None
         conn = self.conn
         conn.execute("TRUNCATE _cdc_stage")
+        # The mirror sorts a batch's effects by key with their records: in memory, not in temp files.
+        conn.execute(f"SET LOCAL work_mem = '{STAGE_WORK_MEM}'")
         last = (0, -1)
         with conn.cursor().copy("COPY _cdc_stage (seq, lsn, idx, grp, route, msg) FROM STDIN") as copy:
             for seq, m in enumerate(batch):
