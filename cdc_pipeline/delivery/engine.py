@@ -25,7 +25,9 @@ from pyspark.sql import SparkSession
 from cdc_pipeline.config import PipelineConfig, SinkConfig
 from cdc_pipeline.delivery.arrow_stage import run_arrow_stage
 from cdc_pipeline.delivery.backoff import next_delay_ms
+from cdc_pipeline.delivery.outage import DestinationDown, Liveness, all_down, transient
 from cdc_pipeline.delivery.spark_stage import SinkPlan, empty_output, run_stage
+from cdc_pipeline.postgres import session
 from cdc_pipeline.sinks import build_sink
 from cdc_pipeline.sinks.base import OutboundMessage, Sink
 from cdc_pipeline.state.store import Position, Store
@@ -43,6 +45,10 @@ MAX_STAGE_SPLITS = 128
 
 class SinkBusy(RuntimeError):
     pass
+
+
+class _LockStillHeld(RuntimeError):
+    """After a reconnect the sink's lock is still held: most likely by our own old session."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +74,8 @@ class DeliveryStats:
     seconds: float = 0.0
     offset: Position = (0, -1)
     lag_messages: int = 0
+    outage_retries: int = 0  # times the run waited for the destination or the state database
+    waiting: str | None = None  # why the run was still waiting when it ended
 
     @property
     def rate(self) -> float:
@@ -79,7 +87,8 @@ class DeliveryStats:
             "messages_discarded": self.discarded, "messages_filtered": self.filtered,
             "messages_retried": self.retried, "batches": self.batches,
             "throughput_msgs_per_s": round(self.rate, 1), "lag_messages": self.lag_messages,
-            "offset": f"{self.offset[0]}:{self.offset[1]}",
+            "offset": f"{self.offset[0]}:{self.offset[1]}", "outage_retries": self.outage_retries,
+            **({"waiting_for_destination": self.waiting} if self.waiting else {}),
         }
 
 
@@ -107,24 +116,75 @@ class Deliverer:
         self.sink = None if dry_run else (sink or build_sink(sink_config))
         self.batch_size = sink_config.batch_size or config.delivery.batch_size
         self._stop = threading.Event()
+        self._live = Liveness()
+        self._waiting = False  # a wait for the destination is recorded in the state database
 
     def stop(self) -> None:
         self._stop.set()
 
     def run(self, until_idle: bool = True, seconds: float | None = None) -> DeliveryStats:
+        """Deliver until idle (``until_idle``), stopped or ``seconds`` have passed. A long-running delivery
+        rides through its destination or the state database being down: it waits with capped backoff,
+        logs and records (for `status`) what it waits for, and resumes from its committed offset. With
+        ``until_idle`` such an outage ends the run with the error instead (a one-off catch-up)."""
         stats = DeliveryStats(self.sink_config.name)
         started = time.monotonic()
+        deadline = started + seconds if seconds is not None else None
+        cfg = self.config.delivery
+        attempt = 0
+        sessions = 0
+        try:
+            while not self._stop.is_set():
+                before = (stats.delivered, stats.parked, stats.retried)
+                try:
+                    sessions += 1
+                    self._session(stats, started, until_idle, seconds, first=sessions == 1)
+                    break
+                except Exception as exc:
+                    if until_idle or self.dry_run or not (transient(exc) or isinstance(exc, _LockStillHeld)):
+                        raise
+                    progressed = (stats.delivered, stats.parked, stats.retried) != before
+                    attempt = 1 if progressed else attempt + 1
+                    delay = next_delay_ms(attempt, cfg.retry_initial_ms, cfg.retry_max_ms) / 1000
+                    cause = " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
+                    stats.outage_retries += 1
+                    stats.waiting = cause
+                    what = "the state database" if isinstance(exc, psycopg.Error) else "the destination"
+                    log.warning("deliver: sink %s: waiting for %s: %s; retry %d in %.1f s", self.sink_config.name,
+                                what, cause, attempt, delay)
+                    self._record_waiting(cause)
+                    if deadline is not None and time.monotonic() + delay >= deadline:
+                        break  # a time-limited run ends waiting; the next one starts over
+                    if self._stop.wait(delay):
+                        break
+        finally:
+            if stats.outage_retries:
+                self._record_waiting(None)
+        stats.seconds = time.monotonic() - started
+        return stats
+
+    def _record_waiting(self, reason: str | None) -> None:
+        """Best effort: the state database may be what is down."""
+        try:
+            with session.connect(self.config.state_dsn, autocommit=True, statement_timeout_ms=5000) as conn:
+                self.store.set_waiting(conn, self.sink_config.name, reason)
+        except psycopg.Error as exc:
+            log.debug("deliver: sink %s: cannot record waiting: %s", self.sink_config.name, type(exc).__name__)
+        self._waiting = reason is not None
+
+    def _session(self, stats: DeliveryStats, started: float, until_idle: bool, seconds: float | None,
+                 first: bool) -> None:
         name = self.sink_config.name
-        with psycopg.connect(self.config.state_dsn) as conn:
-            got = conn.execute("SELECT pg_try_advisory_lock(hashtext(%s))",
-                               (f"cdc_pipeline.deliver:{name}",)).fetchone()
-            conn.commit()
-            if not (got and got[0]) and not self.dry_run:
+        with session.connect(self.config.state_dsn, application_name=f"cdc-pipeline deliver {name}") as conn:
+            if not session.try_lock(conn, f"cdc_pipeline.deliver:{name}") and not self.dry_run:
+                if not first:
+                    raise _LockStillHeld(f"the delivery lock of sink {name!r} is still held")
                 raise SinkBusy(f"sink {name!r} is already being delivered by another process")
-            if self.sink is not None:
-                self.sink.open()
-                self.sink.prepare(lambda table: self.store.table_info(conn, table))
+            conn.commit()
             try:
+                if self.sink is not None:
+                    self.sink.open()
+                    self.sink.prepare(lambda table: self.store.table_info(conn, table))
                 offset = self.store.sink_offset(conn, name)
                 if self.sink is not None:
                     held = self.sink.position()
@@ -135,11 +195,10 @@ class Deliverer:
                 stats.offset = offset
                 stats.lag_messages = self.store.count_after(conn, self.sink_config.tables, offset, sink=name)
                 conn.commit()
+                stats.waiting = None
             finally:
                 if self.sink is not None:
                     self.sink.close()
-        stats.seconds = time.monotonic() - started
-        return stats
 
     def _schemas(self, conn: psycopg.Connection) -> dict[str, list[dict[str, object]]]:
         return self.store.relation_columns(conn) if self.plan.needs_record else {}
@@ -148,7 +207,7 @@ class Deliverer:
               until_idle: bool, seconds: float | None) -> Position:
         """Micro-batches until idle (or stopped). The next batch is loaded and staged on a second
         connection while the sink writes the current one: the two mostly wait on different servers."""
-        with psycopg.connect(self.config.state_dsn) as loader, ThreadPoolExecutor(1) as pool:
+        with session.connect(self.config.state_dsn) as loader, ThreadPoolExecutor(1) as pool:
             ahead: Future[Staged] | None = None
             while not self._stop.is_set():
                 if seconds is not None and time.monotonic() - started >= seconds:
@@ -199,9 +258,15 @@ class Deliverer:
         send = [m for m in messages if m.group is None or m.group not in blocked]
         held = [m for m in messages if m.group is not None and m.group in blocked]
         results = self._deliver(send)
+        cause = all_down(results)
+        if cause is not None:
+            raise DestinationDown(f"sink {name!r}: nothing acknowledged: {cause}")
         parked = self._park_failures(conn, send, results, held, stage_failed)
         delivered = sum(1 for r in results if r is None)
         self.store.advance_offset(conn, name, last, delivered, filtered, parked, last_ts)
+        if self._waiting:
+            self.store.set_waiting(conn, name, None)
+            self._waiting = False
         conn.commit()
         stats.delivered += delivered
         stats.parked += parked
@@ -215,6 +280,7 @@ class Deliverer:
         if len(results) != len(messages):
             raise RuntimeError(f"sink {self.sink_config.name!r} returned {len(results)} results "
                                f"for {len(messages)} messages")
+        self._live.saw(results)
         return results
 
     def _stage(self, batch: pa.Table, schemas: dict[str, list[dict[str, object]]]
@@ -252,7 +318,8 @@ class Deliverer:
     def _park_failures(self, conn: psycopg.Connection, sent: Sequence[OutboundMessage],
                        results: Sequence[str | None], held: Sequence[OutboundMessage],
                        stage_failed: Sequence[StageFailure] = ()) -> int:
-        backoff = self.sink_config.backoff
+        """Park what failed (a group's first failure with its error, the rest of the group as held) and
+        what was held back; discard at once what fails with `max_retries: 0`."""
         failed_groups: set[str | None] = set()
         items: list[tuple[Position, str | None, str, int]] = []
         for pos, group, err in sorted(stage_failed):
@@ -260,19 +327,32 @@ class Deliverer:
             first = group not in failed_groups
             failed_groups.add(group)
             items.append((pos, group, err if first else HELD, 1 if first else 0))
+        tried: list[Position] = []
         for m, err in zip(sent, results, strict=True):
             if err is None:
                 continue
+            pos = position_of(m)
             group = m.group if m.group is not None else f"~{m.key}"  # ungrouped: its own group
             first = group not in failed_groups
             failed_groups.add(group)
-            items.append((position_of(m), group, err if first else HELD, 1 if first else 0))
+            # An unanswered message next to acknowledged ones is not yet known to be the culprit.
+            counted = first and self._live.counts(pos, err)
+            items.append((pos, group, err if first else HELD, 1 if counted else 0))
+            if first:
+                tried.append(pos)
+        self._live.tried(tried)
         items += [(position_of(m), m.group, HELD, 0) for m in held]
         items.sort(key=lambda it: it[0])
-        delays = [next_delay_ms(max(1, a), backoff.initial_ms, backoff.max_ms, backoff.multiplier, backoff.jitter)
-                  if a else 0 for _, _, _, a in items]
-        self.store.park(conn, self.sink_config.name, items, delays)
+        self.store.park(conn, self.sink_config.name, items, [self._delay(max(1, a)) for _, _, _, a in items])
+        if self.sink_config.max_retries == 0:  # no retries: the first counted failure is final
+            for pos, _, err, attempts in items:
+                if attempts:
+                    self.store.discard(conn, self.sink_config.name, pos, f"failed (max_retries: 0): {err}")
         return len(items)
+
+    def _delay(self, attempt: int) -> int:
+        b = self.sink_config.backoff
+        return next_delay_ms(attempt, b.initial_ms, b.max_ms, b.multiplier, b.jitter)
 
     def _retry_due(self, conn: psycopg.Connection, stats: DeliveryStats) -> None:
         due = self.store.due_retries(conn, self.sink_config.name, self.batch_size)
@@ -295,11 +375,13 @@ class Deliverer:
             first_failure.setdefault(groups[pos], pos)
         sendable = [m for m in messages
                     if m.group not in first_failure or position_of(m) < first_failure[m.group]]
-        results = dict(zip(map(position_of, sendable), self._deliver(sendable), strict=True))
+        sent = self._deliver(sendable)
+        results = dict(zip(map(position_of, sendable), sent, strict=True))
         results.update(failed_at)
-        backoff = self.sink_config.backoff
         failed_groups: set[str | None] = set()
         name = self.sink_config.name
+        limit = self.sink_config.max_retries
+        tried: list[Position] = []
         for pos in sorted(results):
             group, err = groups[pos], results[pos]
             if group in failed_groups:
@@ -310,14 +392,16 @@ class Deliverer:
                 stats.delivered += 1
                 continue
             failed_groups.add(group)
-            tries = attempts[pos] + 1
-            limit = self.sink_config.max_retries
+            tried.append(pos)
+            # A destination that answered nobody is down: the attempt is not the message's fault.
+            tries = attempts[pos] + (1 if self._live.counts(pos, err) else 0)
             if limit is not None and tries > limit:
                 self.store.discard(conn, name, pos, f"gave up after {tries - 1} retries: {err}")
                 stats.discarded += 1
             else:
-                delay = next_delay_ms(tries, backoff.initial_ms, backoff.max_ms, backoff.multiplier, backoff.jitter)
-                self.store.park(conn, name, [(pos, group, err, tries)], [delay])
+                self.store.park(conn, name, [(pos, group, err, tries)], [self._delay(max(1, tries))])
+        self._live.tried(tried)
+        self._live.forget(resolved)
         self.store.resolve(conn, name, resolved)
         conn.commit()
 

@@ -14,7 +14,14 @@ from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cdc_pipeline.sinks.base import EventLoopThread, OutboundMessage, Sink, SinkUnavailable, hold_back
+from cdc_pipeline.sinks.base import (
+    EventLoopThread,
+    OutboundMessage,
+    Sink,
+    SinkUnavailable,
+    Unreachable,
+    hold_back,
+)
 
 PENDING = "\x00pending"  # placeholder result; never returned (compared by identity)
 
@@ -54,7 +61,7 @@ class InFlight:
 
     def final(self, unsettled: str) -> list[str | None]:
         """Results, with messages never settled reported as `unsettled` (or the loss)."""
-        why = f"not delivered: {self.lost}" if self.lost is not None else unsettled
+        why = Unreachable(f"not delivered: {self.lost}" if self.lost is not None else unsettled)
         return [why if r is PENDING else r for r in self.results]
 
 

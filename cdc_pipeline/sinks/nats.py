@@ -39,6 +39,7 @@ from cdc_pipeline.sinks.base import (
     SinkConfigError,
     SinkConfigLike,
     SinkUnavailable,
+    Unreachable,
     safe_endpoint,
 )
 from cdc_pipeline.sinks.inflight import PENDING, InFlight, PipelinedSink
@@ -196,7 +197,9 @@ class NatsSink(PipelinedSink):
     @staticmethod
     def _ack_error(msg: Msg, subject: str) -> str | None:
         if msg.headers and msg.headers.get("Status") == _NO_RESPONDERS:
-            return f"no JetStream stream captures subject {subject!r}"
+            # Also what every message gets while JetStream is down: the engine tells the two apart by
+            # whether other messages of the batch were stored.
+            return Unreachable(f"no JetStream stream captures subject {subject!r} (or JetStream is down)")
         data = msg.data
         if b'"error"' not in data:
             return None  # a PubAck (a duplicate one too: the server already holds this Msg-Id)

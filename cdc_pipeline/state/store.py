@@ -163,6 +163,12 @@ class Store:
             "WHERE sink = %s AND (commit_lsn, commit_idx) <= (%s, %s)").format(self.s),
             (position[0], position[1], delivered, filtered, parked, last_commit_ts, sink, position[0], position[1]))
 
+    def set_waiting(self, conn: psycopg.Connection, sink: str, reason: str | None) -> None:
+        """Record that the sink's delivery waits for its destination (reason None: it no longer does)."""
+        conn.execute(sql.SQL(
+            "UPDATE {}.sink_offsets SET waiting_reason = %s, waiting_since = CASE WHEN %s::text IS NULL THEN NULL "
+            "ELSE coalesce(waiting_since, now()) END WHERE sink = %s").format(self.s), (reason, reason, sink))
+
     # -- failed messages --------------------------------------------------------------------------
     def parked_groups(self, conn: psycopg.Connection, sink: str) -> set[str | None]:
         rows = conn.execute(sql.SQL(
