@@ -68,9 +68,9 @@ def _caught_up(config: PipelineConfig) -> bool:
 
 
 def _write(source: Database, lo: int, hi: int, v: int) -> None:
-    source.execute("INSERT INTO acct SELECT g, %s FROM generate_series(%s, %s) g "
+    source.execute("INSERT INTO acct SELECT g, %s FROM generate_series(%s::int, %s::int) g "
                    "ON CONFLICT (id) DO UPDATE SET balance = excluded.balance", (v, lo, hi))
-    source.execute("UPDATE acct SET balance = balance + 1 WHERE id %% 3 = 0")
+    source.execute("UPDATE acct SET balance = balance + 1 WHERE id % 3 = 0")
     source.execute("DELETE FROM acct WHERE id %% 11 = %s", (v % 11,))
 
 
