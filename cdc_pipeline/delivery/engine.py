@@ -257,6 +257,10 @@ class Deliverer:
         blocked |= {g for _, g, _ in stage_failed if g is not None}
         send = [m for m in messages if m.group is None or m.group not in blocked]
         held = [m for m in messages if m.group is not None and m.group in blocked]
+        # Those are parked only by the state commit below: the sink must not record a position past them.
+        kept_back = [position_of(m) for m in held] + [pos for pos, _, _ in stage_failed]
+        assert self.sink is not None
+        self.sink.hold_position_below(min(kept_back) if kept_back else None)
         results = self._deliver(send)
         cause = all_down(results)
         if cause is not None:
@@ -375,6 +379,8 @@ class Deliverer:
             first_failure.setdefault(groups[pos], pos)
         sendable = [m for m in messages
                     if m.group not in first_failure or position_of(m) < first_failure[m.group]]
+        assert self.sink is not None
+        self.sink.hold_position_below(None)  # retries are behind the offset: recording them moves nothing
         sent = self._deliver(sendable)
         results = dict(zip(map(position_of, sendable), sent, strict=True))
         results.update(failed_at)

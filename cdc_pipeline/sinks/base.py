@@ -98,6 +98,11 @@ class Sink(abc.ABC):
         """The last position the destination itself committed, for sinks that commit it atomically."""
         return None
 
+    def hold_position_below(self, position: tuple[int, int] | None) -> None:  # noqa: B027
+        """The earliest message of the coming batch that the engine parks instead of sending (held back
+        behind its group, or failed by the transform): it is recorded only in the engine's later commit,
+        so a sink that commits its own `position()` must not record one at or past it."""
+
     def __enter__(self) -> Sink:
         self.open()
         return self
