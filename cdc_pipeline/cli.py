@@ -107,9 +107,16 @@ def cmd_failed(args: argparse.Namespace) -> int:
             if not (lsn.isdigit() and idx.lstrip("-").isdigit()):
                 raise ConfigError(f"failed {args.action}: {args.id!r} is not a message ID like 24681234:3")
             position = (int(lsn), int(idx))
-        fn = store.retry_now if args.action == "retry" else store.discard_now
-        n = fn(conn, args.sink, position)
+        if args.action == "retry":
+            # A message named by ID is revived whatever its status; --all revives parked ones only.
+            n, revived = store.retry_now(conn, args.sink, position, args.include_discarded or position is not None)
+        else:
+            n, revived = store.discard_now(conn, args.sink, position), 0
         conn.commit()
+    if revived:
+        print(f"warning: {revived} discarded message(s) revived: each is delivered after the newer versions of "
+              "its row delivered since it was discarded (in a mirror, a stale overwrite until the row changes "
+              "again)", file=sys.stderr)
     verb = "due for retry now" if args.action == "retry" else "discarded"
     print(f"{n} message(s) {verb}")
     return 0 if n or args.all else 1
@@ -175,6 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("action", choices=["list", "retry", "discard"])
     f.add_argument("id", nargs="?", help="message ID (commit_lsn:commit_idx) for retry/discard")
     f.add_argument("--all", action="store_true", help="retry/discard every parked message (of --sink)")
+    f.add_argument("--include-discarded", action="store_true",
+                   help="with retry --all: revive discarded messages too (warns: they arrive after newer versions)")
     f.add_argument("--sink", help="only this sink")
     f.add_argument("--json", action="store_true")
     f.set_defaults(fn=cmd_failed)

@@ -162,3 +162,28 @@ def test_rolled_back_table_sync_is_done_again(source_db, db_factory, write_confi
     assert deliver(config, spark).delivered == 9
     rows = dict(dest.execute("SELECT id, balance FROM mirror.acct"))
     assert rows == {i: 5 for i in range(1, 11) if i != 7}
+
+
+def test_max_retries_zero_discards_at_once_and_retry_all_keeps_discarded(source_db, db_factory, write_config, spark,
+                                                                         capsys):
+    """`max_retries: 0` discards on the first failure (1 would retry once); `failed retry --all` revives
+    parked messages only, discarded ones need --include-discarded, which warns (issue 9 smaller, 9.16)."""
+    dest = db_factory()
+    config = _prepare(source_db, dest, write_config, max_retries=0)
+    source_db.execute("INSERT INTO acct SELECT g, 0 FROM generate_series(1, 10) g")
+    source_db.execute("UPDATE acct SET balance = 1 WHERE id IN (6, 7)")
+    drain(config)
+    deliver(config, spark)
+    assert [(p[2], p[3]) for p in _parked(config)] == [("discarded", 1)]
+    dest.execute("ALTER TABLE mirror.acct DROP CONSTRAINT poison")
+    assert main(["--config", str(config.path), "failed", "retry", "--all"]) == 0
+    assert "0 message(s) due for retry now" in capsys.readouterr().out
+    deliver(config, spark)
+    assert [p[2] for p in _parked(config)] == ["discarded"]
+    assert dict(dest.execute("SELECT id, balance FROM mirror.acct"))[7] == 0
+    assert main(["--config", str(config.path), "failed", "retry", "--all", "--include-discarded"]) == 0
+    captured = capsys.readouterr()
+    assert "1 message(s) due for retry now" in captured.out and "warning: 1 discarded" in captured.err
+    deliver(config, spark)
+    assert _parked(config) == []
+    assert_mirrored(source_db.dsn, "public.acct", dest.dsn, "mirror.acct")
