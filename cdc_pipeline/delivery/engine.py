@@ -26,7 +26,7 @@ from cdc_pipeline.config import PipelineConfig, SinkConfig
 from cdc_pipeline.delivery.arrow_stage import run_arrow_stage
 from cdc_pipeline.delivery.backoff import next_delay_ms
 from cdc_pipeline.delivery.outage import DestinationDown, Liveness, all_down, transient
-from cdc_pipeline.delivery.spark_stage import SinkPlan, empty_output, run_stage
+from cdc_pipeline.delivery.spark_stage import SinkPlan, empty_output, group_keys, run_stage
 from cdc_pipeline.postgres import session
 from cdc_pipeline.sinks import build_sink
 from cdc_pipeline.sinks.base import OutboundMessage, Sink
@@ -35,12 +35,23 @@ from cdc_pipeline.state.store import Position, Store
 log = logging.getLogger(__name__)
 
 HELD = "held behind an earlier failed message of its group"
+MAX_POS: Position = (2**63 - 1, 2**31 - 1)
 # (position, group, error) of a message the Spark stage could not process.
 StageFailure = tuple[Position, str | None, str]
 # Errors that fail every row alike (bad expression, unknown column): not worth bisecting.
 CONFIG_ERRORS: tuple[type[BaseException], ...] = (AnalysisException, ParseException)
-# Spark jobs one batch may spend isolating failing rows: ~2*log2(batch) per poison row.
+# Spark jobs one batch may spend isolating failing rows: ~2*log2(batch) per poison row. Past it, the
+# rows not yet isolated are parked together (not counted against their retries) instead of failing the run.
 MAX_STAGE_SPLITS = 128
+# Parked messages due for a retry are staged this many at a time: a transform failing on several of
+# them then costs a bounded bisection, not one over everything due.
+RETRY_CHUNK = 256
+
+
+class NotIsolated(str):
+    """A transform error of a row that was parked with others before the bisection isolated it."""
+
+    __slots__ = ()
 
 
 class SinkBusy(RuntimeError):
@@ -254,9 +265,16 @@ class Deliverer:
         name = self.sink_config.name
         blocked = self.store.parked_groups(conn, name) if self.sink_config.message_grouping else set()
         # A message the stage could not process blocks the later messages of its group too.
-        blocked |= {g for _, g, _ in stage_failed if g is not None}
-        send = [m for m in messages if m.group is None or m.group not in blocked]
-        held = [m for m in messages if m.group is not None and m.group in blocked]
+        first_failed: dict[str, Position] = {}
+        for pos, g, _ in stage_failed:
+            if g is not None:
+                first_failed[g] = min(pos, first_failed.get(g, pos))
+
+        def is_held(m: OutboundMessage) -> bool:
+            return m.group is not None and (m.group in blocked or position_of(m) > first_failed.get(m.group, MAX_POS))
+
+        send = [m for m in messages if not is_held(m)]
+        held = [m for m in messages if is_held(m)]
         # Those are parked only by the state commit below: the sink must not record a position past them.
         kept_back = [position_of(m) for m in held] + [pos for pos, _, _ in stage_failed]
         assert self.sink is not None
@@ -304,20 +322,36 @@ class Deliverer:
             raise  # a bad expression fails every row: a config problem, not a poison message
         except Exception as exc:
             budget[0] -= 1
-            if budget[0] < 0:
-                # So many rows fail that it is the environment or the code, not a few poison messages:
-                # fail the run (the offset stays) rather than park everything.
-                raise
+            cause = f"{type(exc).__name__}: {_cause(exc)}"
             if batch.num_rows == 1:
-                row = batch.to_pylist()[0]
-                group = (f"{row['table_schema']}|{row['table_name']}|{row['pk']}"
-                         if self.sink_config.message_grouping else None)
-                error = f"transform failed: {type(exc).__name__}: {_cause(exc)}"
-                return empty_output(), [((row["commit_lsn"], row["commit_idx"]), group, error)]
-            mid = batch.num_rows // 2
-            left, lf = self._stage_bisect(batch.slice(0, mid), schemas, budget)
-            right, rf = self._stage_bisect(batch.slice(mid), schemas, budget)
-            return pa.concat_tables([left.cast(right.schema), right]), lf + rf
+                error = f"transform failed: {cause}"
+            elif budget[0] < 0:  # park what is left rather than fail the run (and every run after it)
+                error = NotIsolated(f"transform failed on this row or another of the {batch.num_rows} parked "
+                                    f"with it (bisection budget spent): {cause}")
+            else:
+                mid = batch.num_rows // 2
+                left, lf = self._stage_bisect(batch.slice(0, mid), schemas, budget)
+                right, rf = self._stage_bisect(batch.slice(mid), schemas, budget)
+                return pa.concat_tables([left.cast(right.schema), right]), lf + rf
+            groups = self._groups(batch, schemas)
+            return empty_output(), [(pos, groups[pos], error) for pos in groups]
+
+    def _groups(self, batch: pa.Table, schemas: dict[str, list[dict[str, object]]]
+                ) -> dict[Position, str | None]:
+        """Each row's ordering group: its `group_columns` group where the table has one (via Spark, as
+        the stage computes it), else table and key."""
+        rows = [(int(r["commit_lsn"]), int(r["commit_idx"]), f"{r['table_schema']}|{r['table_name']}|{r['pk']}")
+                for r in batch.select(["commit_lsn", "commit_idx", "table_schema", "table_name", "pk"]).to_pylist()]
+        if not self.sink_config.message_grouping:
+            return {(lsn, idx): None for lsn, idx, _ in rows}
+        found: dict[Position, str | None] = {}
+        if self.plan.group_columns:
+            try:
+                found = group_keys(self.spark, self.plan, batch, schemas)
+            except Exception as exc:  # the record itself breaks Spark: table and key still order it
+                log.warning("deliver: sink %s: cannot compute groups of failed rows: %s", self.sink_config.name,
+                            _cause(exc))
+        return {(lsn, idx): found.get((lsn, idx), default) for lsn, idx, default in rows}
 
     def _park_failures(self, conn: psycopg.Connection, sent: Sequence[OutboundMessage],
                        results: Sequence[str | None], held: Sequence[OutboundMessage],
@@ -330,7 +364,7 @@ class Deliverer:
             group = group if group is not None else f"~{pos[0]}:{pos[1]}"
             first = group not in failed_groups
             failed_groups.add(group)
-            items.append((pos, group, err if first else HELD, 1 if first else 0))
+            items.append((pos, group, err if first else HELD, 1 if first and not isinstance(err, NotIsolated) else 0))
         tried: list[Position] = []
         for m, err in zip(sent, results, strict=True):
             if err is None:
@@ -359,7 +393,7 @@ class Deliverer:
         return next_delay_ms(attempt, b.initial_ms, b.max_ms, b.multiplier, b.jitter)
 
     def _retry_due(self, conn: psycopg.Connection, stats: DeliveryStats) -> None:
-        due = self.store.due_retries(conn, self.sink_config.name, self.batch_size)
+        due = self.store.due_retries(conn, self.sink_config.name, min(self.batch_size, RETRY_CHUNK))
         if not due:
             conn.commit()
             return
@@ -400,7 +434,8 @@ class Deliverer:
             failed_groups.add(group)
             tried.append(pos)
             # A destination that answered nobody is down: the attempt is not the message's fault.
-            tries = attempts[pos] + (1 if self._live.counts(pos, err) else 0)
+            counted = self._live.counts(pos, err) and not isinstance(err, NotIsolated)
+            tries = attempts[pos] + (1 if counted else 0)
             if limit is not None and tries > limit:
                 self.store.discard(conn, name, pos, f"gave up after {tries - 1} retries: {err}")
                 stats.discarded += 1
