@@ -42,7 +42,7 @@ from cdc_pipeline.sinks.base import (
     Unreachable,
     safe_endpoint,
 )
-from cdc_pipeline.sinks.inflight import PENDING, InFlight, PipelinedSink
+from cdc_pipeline.sinks.inflight import PENDING, InFlight, PipelinedSink, in_rounds
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +154,8 @@ class NatsSink(PipelinedSink):
         results = state.results
         failed: set[str] = set()
         try:
-            for i, m in enumerate(batch):
+            async for i in in_rounds(state, batch, failed, self.ack_timeout_s):
+                m = batch[i]
                 if m.group is not None and m.group in failed:
                     results[i] = HELD_NOT_SENT
                     continue
