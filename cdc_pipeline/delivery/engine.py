@@ -19,39 +19,25 @@ from typing import IO
 
 import psycopg
 import pyarrow as pa
-from pyspark.errors import AnalysisException, ParseException
 from pyspark.sql import SparkSession
 
 from cdc_pipeline.config import PipelineConfig, SinkConfig
-from cdc_pipeline.delivery.arrow_stage import run_arrow_stage
 from cdc_pipeline.delivery.backoff import next_delay_ms
 from cdc_pipeline.delivery.outage import DestinationDown, Liveness, all_down, transient
-from cdc_pipeline.delivery.spark_stage import SinkPlan, empty_output, group_keys, run_stage
+from cdc_pipeline.delivery.parking import Parking, messages_from, position_of
+from cdc_pipeline.delivery.spark_stage import SinkPlan, empty_output
+from cdc_pipeline.delivery.staging import StageFailure, Staging
+from cdc_pipeline.delivery.stats import DeliveryStats
 from cdc_pipeline.postgres import session
 from cdc_pipeline.sinks import build_sink
 from cdc_pipeline.sinks.base import OutboundMessage, Sink
 from cdc_pipeline.state.store import Position, Store
 
+__all__ = ["Deliverer", "DeliveryStats", "SinkBusy"]
+
 log = logging.getLogger(__name__)
 
-HELD = "held behind an earlier failed message of its group"
 MAX_POS: Position = (2**63 - 1, 2**31 - 1)
-# (position, group, error) of a message the Spark stage could not process.
-StageFailure = tuple[Position, str | None, str]
-# Errors that fail every row alike (bad expression, unknown column): not worth bisecting.
-CONFIG_ERRORS: tuple[type[BaseException], ...] = (AnalysisException, ParseException)
-# Spark jobs one batch may spend isolating failing rows: ~2*log2(batch) per poison row. Past it, the
-# rows not yet isolated are parked together (not counted against their retries) instead of failing the run.
-MAX_STAGE_SPLITS = 128
-# Parked messages due for a retry are staged this many at a time: a transform failing on several of
-# them then costs a bounded bisection, not one over everything due.
-RETRY_CHUNK = 256
-
-
-class NotIsolated(str):
-    """A transform error of a row that was parked with others before the bisection isolated it."""
-
-    __slots__ = ()
 
 
 class SinkBusy(RuntimeError):
@@ -72,49 +58,7 @@ class Staged:
     failed: list[StageFailure]
 
 
-@dataclass
-class DeliveryStats:
-    sink: str
-    batches: int = 0
-    read: int = 0
-    delivered: int = 0
-    filtered: int = 0
-    parked: int = 0
-    retried: int = 0
-    discarded: int = 0
-    seconds: float = 0.0
-    offset: Position = (0, -1)
-    lag_messages: int = 0
-    outage_retries: int = 0  # times the run waited for the destination or the state database
-    waiting: str | None = None  # why the run was still waiting when it ended
-
-    @property
-    def rate(self) -> float:
-        return self.delivered / self.seconds if self.seconds else 0.0
-
-    def as_metadata(self) -> dict[str, float | int | str]:
-        return {
-            "messages_delivered": self.delivered, "messages_parked": self.parked,
-            "messages_discarded": self.discarded, "messages_filtered": self.filtered,
-            "messages_retried": self.retried, "batches": self.batches,
-            "throughput_msgs_per_s": round(self.rate, 1), "lag_messages": self.lag_messages,
-            "offset": f"{self.offset[0]}:{self.offset[1]}", "outage_retries": self.outage_retries,
-            **({"waiting_for_destination": self.waiting} if self.waiting else {}),
-        }
-
-
-def messages_from(out: pa.Table) -> list[OutboundMessage]:
-    cols = [out.column(c).to_pylist() for c in ("commit_lsn", "commit_idx", "group_key", "route", "payload")]
-    return [OutboundMessage(f"{lsn}:{idx}", group, route, payload.encode())
-            for lsn, idx, group, route, payload in zip(*cols, strict=True)]
-
-
-def position_of(message: OutboundMessage) -> Position:
-    lsn, _, idx = message.key.partition(":")
-    return int(lsn), int(idx)
-
-
-class Deliverer:
+class Deliverer(Staging, Parking):
     def __init__(self, config: PipelineConfig, sink_config: SinkConfig, spark: SparkSession,
                  sink: Sink | None = None, dry_run: bool = False, dry_run_out: IO[str] | None = None) -> None:
         self.config = config
@@ -304,155 +248,3 @@ class Deliverer:
                                f"for {len(messages)} messages")
         self._live.saw(results)
         return results
-
-    def _stage(self, batch: pa.Table, schemas: dict[str, list[dict[str, object]]]
-               ) -> tuple[pa.Table, list[StageFailure]]:
-        """Run the Spark stage; when it fails at run time (a transform raising on some row), bisect the
-        batch to find the rows that make it fail, so only those are parked, not the batch."""
-        if not self.plan.needs_record:
-            return run_arrow_stage(self.plan, batch), []  # nothing for Spark to compute (arrow_stage.py)
-        budget = [MAX_STAGE_SPLITS]
-        return self._stage_bisect(batch, schemas, budget)
-
-    def _stage_bisect(self, batch: pa.Table, schemas: dict[str, list[dict[str, object]]], budget: list[int]
-                      ) -> tuple[pa.Table, list[StageFailure]]:
-        try:
-            return run_stage(self.spark, self.plan, batch, schemas), []
-        except CONFIG_ERRORS:
-            raise  # a bad expression fails every row: a config problem, not a poison message
-        except Exception as exc:
-            budget[0] -= 1
-            cause = f"{type(exc).__name__}: {_cause(exc)}"
-            if batch.num_rows == 1:
-                error = f"transform failed: {cause}"
-            elif budget[0] < 0:  # park what is left rather than fail the run (and every run after it)
-                error = NotIsolated(f"transform failed on this row or another of the {batch.num_rows} parked "
-                                    f"with it (bisection budget spent): {cause}")
-            else:
-                mid = batch.num_rows // 2
-                left, lf = self._stage_bisect(batch.slice(0, mid), schemas, budget)
-                right, rf = self._stage_bisect(batch.slice(mid), schemas, budget)
-                return pa.concat_tables([left.cast(right.schema), right]), lf + rf
-            groups = self._groups(batch, schemas)
-            return empty_output(), [(pos, groups[pos], error) for pos in groups]
-
-    def _groups(self, batch: pa.Table, schemas: dict[str, list[dict[str, object]]]
-                ) -> dict[Position, str | None]:
-        """Each row's ordering group: its `group_columns` group where the table has one (via Spark, as
-        the stage computes it), else table and key."""
-        rows = [(int(r["commit_lsn"]), int(r["commit_idx"]), f"{r['table_schema']}|{r['table_name']}|{r['pk']}")
-                for r in batch.select(["commit_lsn", "commit_idx", "table_schema", "table_name", "pk"]).to_pylist()]
-        if not self.sink_config.message_grouping:
-            return {(lsn, idx): None for lsn, idx, _ in rows}
-        found: dict[Position, str | None] = {}
-        if self.plan.group_columns:
-            try:
-                found = group_keys(self.spark, self.plan, batch, schemas)
-            except Exception as exc:  # the record itself breaks Spark: table and key still order it
-                log.warning("deliver: sink %s: cannot compute groups of failed rows: %s", self.sink_config.name,
-                            _cause(exc))
-        return {(lsn, idx): found.get((lsn, idx), default) for lsn, idx, default in rows}
-
-    def _park_failures(self, conn: psycopg.Connection, sent: Sequence[OutboundMessage],
-                       results: Sequence[str | None], held: Sequence[OutboundMessage],
-                       stage_failed: Sequence[StageFailure] = ()) -> int:
-        """Park what failed (a group's first failure with its error, the rest of the group as held) and
-        what was held back; discard at once what fails with `max_retries: 0`."""
-        failed_groups: set[str | None] = set()
-        items: list[tuple[Position, str | None, str, int]] = []
-        for pos, group, err in sorted(stage_failed):
-            group = group if group is not None else f"~{pos[0]}:{pos[1]}"
-            first = group not in failed_groups
-            failed_groups.add(group)
-            items.append((pos, group, err if first else HELD, 1 if first and not isinstance(err, NotIsolated) else 0))
-        tried: list[Position] = []
-        for m, err in zip(sent, results, strict=True):
-            if err is None:
-                continue
-            pos = position_of(m)
-            group = m.group if m.group is not None else f"~{m.key}"  # ungrouped: its own group
-            first = group not in failed_groups
-            failed_groups.add(group)
-            # An unanswered message next to acknowledged ones is not yet known to be the culprit.
-            counted = first and self._live.counts(pos, err)
-            items.append((pos, group, err if first else HELD, 1 if counted else 0))
-            if first:
-                tried.append(pos)
-        self._live.tried(tried)
-        items += [(position_of(m), m.group, HELD, 0) for m in held]
-        items.sort(key=lambda it: it[0])
-        self.store.park(conn, self.sink_config.name, items, [self._delay(max(1, a)) for _, _, _, a in items])
-        if self.sink_config.max_retries == 0:  # no retries: the first counted failure is final
-            for pos, _, err, attempts in items:
-                if attempts:
-                    self.store.discard(conn, self.sink_config.name, pos, f"failed (max_retries: 0): {err}")
-        return len(items)
-
-    def _delay(self, attempt: int) -> int:
-        b = self.sink_config.backoff
-        return next_delay_ms(attempt, b.initial_ms, b.max_ms, b.multiplier, b.jitter)
-
-    def _retry_due(self, conn: psycopg.Connection, stats: DeliveryStats) -> None:
-        due = self.store.due_retries(conn, self.sink_config.name, min(self.batch_size, RETRY_CHUNK))
-        if not due:
-            conn.commit()
-            return
-        attempts = {pos: a for pos, _, a in due}
-        groups = {pos: g for pos, g, _ in due}
-        batch = self.store.load_positions(conn, [pos for pos, _, _ in due])
-        out, stage_failed = self._stage(batch, self._schemas(conn))
-        failed_at = {pos: err for pos, _, err in stage_failed}
-        messages = messages_from(out)
-        kept = {position_of(m) for m in messages} | set(failed_at)
-        resolved = [pos for pos in attempts if pos not in kept]  # now filtered out: nothing to deliver
-        for m in messages:  # the group a message was parked under is the one that orders it
-            m.group = groups[position_of(m)]
-        # Nothing is sent behind a message of its group that the stage could not process.
-        first_failure: dict[str | None, Position] = {}
-        for pos in sorted(failed_at):
-            first_failure.setdefault(groups[pos], pos)
-        sendable = [m for m in messages
-                    if m.group not in first_failure or position_of(m) < first_failure[m.group]]
-        assert self.sink is not None
-        self.sink.hold_position_below(None)  # retries are behind the offset: recording them moves nothing
-        sent = self._deliver(sendable)
-        results = dict(zip(map(position_of, sendable), sent, strict=True))
-        results.update(failed_at)
-        failed_groups: set[str | None] = set()
-        name = self.sink_config.name
-        limit = self.sink_config.max_retries
-        tried: list[Position] = []
-        for pos in sorted(results):
-            group, err = groups[pos], results[pos]
-            if group in failed_groups:
-                continue  # stays parked behind its group's head
-            if err is None:
-                resolved.append(pos)
-                stats.retried += 1
-                stats.delivered += 1
-                continue
-            failed_groups.add(group)
-            tried.append(pos)
-            # A destination that answered nobody is down: the attempt is not the message's fault.
-            counted = self._live.counts(pos, err) and not isinstance(err, NotIsolated)
-            tries = attempts[pos] + (1 if counted else 0)
-            if limit is not None and tries > limit:
-                self.store.discard(conn, name, pos, f"gave up after {tries - 1} retries: {err}")
-                stats.discarded += 1
-            else:
-                self.store.park(conn, name, [(pos, group, err, tries)], [self._delay(max(1, tries))])
-        self._live.tried(tried)
-        self._live.forget(resolved)
-        self.store.resolve(conn, name, resolved)
-        conn.commit()
-
-
-def _cause(exc: BaseException) -> str:
-    """The informative line of a Spark error: for a Python worker failure the traceback's last line."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    if not lines:
-        return type(exc).__name__
-    tb = [line for line in lines if not line.startswith(("File ", "^", "~"))]
-    line = tb[-1] if "Traceback" in str(exc) and tb else lines[0]
-    return line[:400]
-

@@ -89,9 +89,9 @@ def test_bisection_budget_spent_parks_the_rest_instead_of_failing(source_db, db_
                                                                   monkeypatch):
     """Every fourth row fails the transform: more than the bisection budget can isolate. The run parks what
     it could not isolate (not counted against retries) instead of failing, and loses nothing (issue 9.12)."""
-    from cdc_pipeline.delivery import engine
+    from cdc_pipeline.delivery import staging
 
-    monkeypatch.setattr(engine, "MAX_STAGE_SPLITS", 12)  # short in tests
+    monkeypatch.setattr(staging, "MAX_STAGE_SPLITS", 12)  # short in tests
     dest = db_factory()
     source_db.execute("CREATE TABLE items (id int PRIMARY KEY, qty int)")
     config = write_config({
