@@ -53,6 +53,9 @@ def collect(config: PipelineConfig) -> dict[str, Any]:
                 "filtered": offset["filtered"] if offset else 0,
                 **store.failed_summary(conn, sink.name),
                 "updated_at": offset["updated_at"].isoformat() if offset else None,
+                # Set while a running delivery waits for its destination to come back.
+                "waiting_for_destination": offset["waiting_reason"] if offset else None,
+                "waiting_since": offset["waiting_since"].isoformat() if offset and offset["waiting_since"] else None,
             }
             if sink.destination.type == "http_pull" and conn.execute(
                     "SELECT to_regclass(format('%%I.pull_queue', %s::text))", (schema,)).fetchone()[0]:
@@ -110,7 +113,9 @@ def render(status: dict[str, Any]) -> str:
     lines.append(f"log: {log['messages']} messages, {log['bytes']} bytes")
     for name, s in status["sinks"].items():
         lines.append(f"sink {name}: offset {s['offset']}, lag {s['lag_messages']} messages, delivered "
-                     f"{s['delivered']}, parked {s['parked']}, discarded {s['discarded']}")
+                     f"{s['delivered']}, parked {s['parked']}, discarded {s['discarded']}"
+                     + (f"; waiting for the destination since {s['waiting_since']}: {s['waiting_for_destination']}"
+                        if s.get("waiting_for_destination") else ""))
         if s.get("pull_queue"):
             q = s["pull_queue"]
             lines.append(f"  pull queue: {q['waiting']} waiting, {q['in_flight']} in flight, {q['parked']} parked")

@@ -50,17 +50,20 @@ def deliver(ctx: click.Context, sink: str | None, until_idle: bool, seconds: flo
 @click.command(cls=Verb, short_help="list, retry or discard parked messages", epilog=examples(
     "cdc-pipeline failed list [--sink S] [--json]",
     "cdc-pipeline failed retry 24681234:3        # one message, due for retry now",
-    "cdc-pipeline failed retry --all --sink hook",
+    "cdc-pipeline failed retry --all --sink hook  # parked ones only",
+    "cdc-pipeline failed retry --all --include-discarded   # discarded too (warns)",
     "cdc-pipeline failed discard --all"))
 @config_option
 @click.argument("action", type=click.Choice(["list", "retry", "discard"]))
 @click.argument("message_id", metavar="[ID]", required=False)
 @click.option("--all", "every", is_flag=True, help="retry/discard every parked message (of --sink)")
+@click.option("--include-discarded", is_flag=True,
+              help="with retry --all: revive discarded messages too (warns: they arrive after newer versions)")
 @click.option("--sink", help="only this sink")
 @click.option("--json", "as_json", is_flag=True, help="list: JSON output")
 @click.pass_context
-def failed(ctx: click.Context, action: str, message_id: str | None, every: bool, sink: str | None,
-           as_json: bool) -> int:
+def failed(ctx: click.Context, action: str, message_id: str | None, every: bool, include_discarded: bool,
+           sink: str | None, as_json: bool) -> int:
     """List, retry or discard parked messages. ID is a message's commit_lsn:commit_idx (from `failed list`).
     Retry/discard exit 1 when no message matched an ID."""
     import psycopg
@@ -90,9 +93,16 @@ def failed(ctx: click.Context, action: str, message_id: str | None, every: bool,
             if not (lsn.isdigit() and idx.lstrip("-").isdigit()):
                 raise ConfigError(f"failed {action}: {message_id!r} is not a message ID like 24681234:3")
             position = (int(lsn), int(idx))
-        fn = store.retry_now if action == "retry" else store.discard_now
-        n = fn(conn, sink, position)
+        if action == "retry":
+            # A message named by ID is revived whatever its status; --all revives parked ones only.
+            n, revived = store.retry_now(conn, sink, position, include_discarded or position is not None)
+        else:
+            n, revived = store.discard_now(conn, sink, position), 0
         conn.commit()
+    if revived:
+        print(f"warning: {revived} discarded message(s) revived: each is delivered after the newer versions of "
+              "its row delivered since it was discarded (in a mirror, a stale overwrite until the row changes "
+              "again)", file=sys.stderr)
     verb = "due for retry now" if action == "retry" else "discarded"
     print(f"{n} message(s) {verb}")
     return 0 if n or every else 1

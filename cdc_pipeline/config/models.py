@@ -106,6 +106,17 @@ class DeliveryConfig(StrictModel):
     run_minutes: float = Field(default=30, gt=0)
     # Dagster: a sink's lag check fails when its oldest undelivered change is older than this.
     max_lag_seconds: float = Field(default=60, gt=0)
+    # A destination (or the state database) that is down is waited for with capped exponential
+    # backoff and jitter: never counted against a message's max_retries.
+    retry_initial_ms: int = Field(default=500, gt=0)
+    retry_max_ms: int = Field(default=30000, gt=0)
+
+    @model_validator(mode="after")
+    def _check_retry(self) -> "DeliveryConfig":
+        if self.retry_max_ms < self.retry_initial_ms:
+            fail((("retry_max_ms",), f"must be at least retry_initial_ms ({self.retry_initial_ms}) "
+                                     f"(got {self.retry_max_ms})"))
+        return self
 
 
 class BackfillConfig(StrictModel):

@@ -19,31 +19,34 @@ from typing import IO
 
 import psycopg
 import pyarrow as pa
-from pyspark.errors import AnalysisException, ParseException
 from pyspark.sql import SparkSession
 
 from cdc_pipeline.config import PipelineConfig, SinkConfig
-from cdc_pipeline.delivery import backlog, rows
-from cdc_pipeline.delivery.arrow_stage import run_arrow_stage
+from cdc_pipeline.delivery import backlog
 from cdc_pipeline.delivery.backoff import next_delay_ms
-from cdc_pipeline.delivery.spark_stage import SinkPlan, empty_output, run_stage
+from cdc_pipeline.delivery.outage import DestinationDown, Liveness, all_down, transient
+from cdc_pipeline.delivery.parking import Parking, messages_from, position_of
+from cdc_pipeline.delivery.spark_stage import SinkPlan, empty_output
+from cdc_pipeline.delivery.staging import StageFailure, Staging
+from cdc_pipeline.delivery.stats import DeliveryStats
+from cdc_pipeline.postgres import session
 from cdc_pipeline.sinks import build_sink
 from cdc_pipeline.sinks.base import OutboundMessage, Sink
 from cdc_pipeline.state.store import Position, Store
 
+__all__ = ["Deliverer", "DeliveryStats", "SinkBusy"]
+
 log = logging.getLogger(__name__)
 
-HELD = "held behind an earlier failed message of its group"
-# (position, group, error) of a message the Spark stage could not process.
-StageFailure = tuple[Position, str | None, str]
-# Errors that fail every row alike (bad expression, unknown column): not worth bisecting.
-CONFIG_ERRORS: tuple[type[BaseException], ...] = (AnalysisException, ParseException)
-# Spark jobs one batch may spend isolating failing rows: ~2*log2(batch) per poison row.
-MAX_STAGE_SPLITS = 128
+MAX_POS: Position = (2**63 - 1, 2**31 - 1)
 
 
 class SinkBusy(RuntimeError):
     pass
+
+
+class _LockStillHeld(RuntimeError):
+    """After a reconnect the sink's lock is still held: most likely by our own old session."""
 
 
 @dataclass(frozen=True)
@@ -56,46 +59,7 @@ class Staged:
     failed: list[StageFailure]
 
 
-@dataclass
-class DeliveryStats:
-    sink: str
-    batches: int = 0
-    read: int = 0
-    delivered: int = 0
-    filtered: int = 0
-    parked: int = 0
-    retried: int = 0
-    discarded: int = 0
-    seconds: float = 0.0
-    offset: Position = (0, -1)
-    lag_messages: int = 0
-
-    @property
-    def rate(self) -> float:
-        return self.delivered / self.seconds if self.seconds else 0.0
-
-    def as_metadata(self) -> dict[str, float | int | str]:
-        return {
-            "messages_delivered": self.delivered, "messages_parked": self.parked,
-            "messages_discarded": self.discarded, "messages_filtered": self.filtered,
-            "messages_retried": self.retried, "batches": self.batches,
-            "throughput_msgs_per_s": round(self.rate, 1), "lag_messages": self.lag_messages,
-            "offset": f"{self.offset[0]}:{self.offset[1]}",
-        }
-
-
-def messages_from(out: pa.Table) -> list[OutboundMessage]:
-    cols = [out.column(c).to_pylist() for c in ("commit_lsn", "commit_idx", "group_key", "route", "payload")]
-    return [OutboundMessage(f"{lsn}:{idx}", group, route, payload.encode())
-            for lsn, idx, group, route, payload in zip(*cols, strict=True)]
-
-
-def position_of(message: OutboundMessage) -> Position:
-    lsn, _, idx = message.key.partition(":")
-    return int(lsn), int(idx)
-
-
-class Deliverer:
+class Deliverer(Staging, Parking):
     def __init__(self, config: PipelineConfig, sink_config: SinkConfig, spark: SparkSession,
                  sink: Sink | None = None, dry_run: bool = False, dry_run_out: IO[str] | None = None) -> None:
         self.config = config
@@ -110,27 +74,78 @@ class Deliverer:
         self._stop = threading.Event()
         self._keys: dict[str, tuple[str, ...]] = {}  # row streams: primary key columns per table
         self._resyncs: list[threading.Thread] = []  # backfills re-syncing a row stream (backlog.py)
+        self._live = Liveness()
+        self._waiting = False  # a wait for the destination is recorded in the state database
 
     def stop(self) -> None:
         self._stop.set()
 
     def run(self, until_idle: bool = True, seconds: float | None = None) -> DeliveryStats:
+        """Deliver until idle (``until_idle``), stopped or ``seconds`` have passed. A long-running delivery
+        rides through its destination or the state database being down: it waits with capped backoff,
+        logs and records (for `status`) what it waits for, and resumes from its committed offset. With
+        ``until_idle`` such an outage ends the run with the error instead (a one-off catch-up)."""
         stats = DeliveryStats(self.sink_config.name)
         started = time.monotonic()
+        deadline = started + seconds if seconds is not None else None
+        cfg = self.config.delivery
+        attempt = 0
+        sessions = 0
+        try:
+            while not self._stop.is_set():
+                before = (stats.delivered, stats.parked, stats.retried)
+                try:
+                    sessions += 1
+                    self._session(stats, started, until_idle, seconds, first=sessions == 1)
+                    break
+                except Exception as exc:
+                    if until_idle or self.dry_run or not (transient(exc) or isinstance(exc, _LockStillHeld)):
+                        raise
+                    progressed = (stats.delivered, stats.parked, stats.retried) != before
+                    attempt = 1 if progressed else attempt + 1
+                    delay = next_delay_ms(attempt, cfg.retry_initial_ms, cfg.retry_max_ms) / 1000
+                    cause = " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
+                    stats.outage_retries += 1
+                    stats.waiting = cause
+                    what = "the state database" if isinstance(exc, psycopg.Error) else "the destination"
+                    log.warning("deliver: sink %s: waiting for %s: %s; retry %d in %.1f s", self.sink_config.name,
+                                what, cause, attempt, delay)
+                    self._record_waiting(cause)
+                    if deadline is not None and time.monotonic() + delay >= deadline:
+                        break  # a time-limited run ends waiting; the next one starts over
+                    if self._stop.wait(delay):
+                        break
+        finally:
+            if stats.outage_retries:
+                self._record_waiting(None)
+        stats.seconds = time.monotonic() - started
+        return stats
+
+    def _record_waiting(self, reason: str | None) -> None:
+        """Best effort: the state database may be what is down."""
+        try:
+            with session.connect(self.config.state_dsn, autocommit=True, statement_timeout_ms=5000) as conn:
+                self.store.set_waiting(conn, self.sink_config.name, reason)
+        except psycopg.Error as exc:
+            log.debug("deliver: sink %s: cannot record waiting: %s", self.sink_config.name, type(exc).__name__)
+        self._waiting = reason is not None
+
+    def _session(self, stats: DeliveryStats, started: float, until_idle: bool, seconds: float | None,
+                 first: bool) -> None:
         name = self.sink_config.name
-        with psycopg.connect(self.config.state_dsn) as conn:
-            got = conn.execute("SELECT pg_try_advisory_lock(hashtext(%s))",
-                               (f"cdc_pipeline.deliver:{name}",)).fetchone()
-            conn.commit()
-            if not (got and got[0]) and not self.dry_run:
+        with session.connect(self.config.state_dsn, application_name=f"cdc-pipeline deliver {name}") as conn:
+            if not session.try_lock(conn, f"cdc_pipeline.deliver:{name}") and not self.dry_run:
+                if not first:
+                    raise _LockStillHeld(f"the delivery lock of sink {name!r} is still held")
                 raise SinkBusy(f"sink {name!r} is already being delivered by another process")
-            if self.sink is not None:
-                self.sink.open()
-                self.sink.prepare(lambda table: self.store.table_info(conn, table))
-                bind = getattr(self.sink, "bind_state", None)
-                if bind is not None:  # http_pull: queues in this connection's offset transaction
-                    bind(conn, self.config.state.schema_name)
+            conn.commit()
             try:
+                if self.sink is not None:
+                    self.sink.open()
+                    self.sink.prepare(lambda table: self.store.table_info(conn, table))
+                    bind = getattr(self.sink, "bind_state", None)
+                    if bind is not None:  # http_pull: queues in this connection's offset transaction
+                        bind(conn, self.config.state.schema_name)
                 offset = self.store.sink_offset(conn, name)
                 if self.sink is not None:
                     held = self.sink.position()
@@ -146,11 +161,10 @@ class Deliverer:
                 stats.offset = offset
                 stats.lag_messages = self.store.count_after(conn, self.sink_config.tables, offset, sink=name)
                 conn.commit()
+                stats.waiting = None
             finally:
                 if self.sink is not None:
                     self.sink.close()
-        stats.seconds = time.monotonic() - started
-        return stats
 
     def _schemas(self, conn: psycopg.Connection) -> dict[str, list[dict[str, object]]]:
         return self.store.relation_columns(conn) if self.plan.needs_record else {}
@@ -159,7 +173,7 @@ class Deliverer:
               until_idle: bool, seconds: float | None) -> Position:
         """Micro-batches until idle (or stopped). The next batch is loaded and staged on a second
         connection while the sink writes the current one: the two mostly wait on different servers."""
-        with psycopg.connect(self.config.state_dsn) as loader, ThreadPoolExecutor(1) as pool:
+        with session.connect(self.config.state_dsn) as loader, ThreadPoolExecutor(1) as pool:
             ahead: Future[Staged] | None = None
             idle = False
             while not self._stop.is_set():
@@ -213,13 +227,30 @@ class Deliverer:
         name = self.sink_config.name
         blocked = self.store.parked_groups(conn, name) if self.sink_config.message_grouping else set()
         # A message the stage could not process blocks the later messages of its group too.
-        blocked |= {g for _, g, _ in stage_failed if g is not None}
-        send = [m for m in messages if m.group is None or m.group not in blocked]
-        held = [m for m in messages if m.group is not None and m.group in blocked]
+        first_failed: dict[str, Position] = {}
+        for pos, g, _ in stage_failed:
+            if g is not None:
+                first_failed[g] = min(pos, first_failed.get(g, pos))
+
+        def is_held(m: OutboundMessage) -> bool:
+            return m.group is not None and (m.group in blocked or position_of(m) > first_failed.get(m.group, MAX_POS))
+
+        send = [m for m in messages if not is_held(m)]
+        held = [m for m in messages if is_held(m)]
+        # Those are parked only by the state commit below: the sink must not record a position past them.
+        kept_back = [position_of(m) for m in held] + [pos for pos, _, _ in stage_failed]
+        assert self.sink is not None
+        self.sink.hold_position_below(min(kept_back) if kept_back else None)
         results = self._deliver(send)
+        cause = all_down(results)
+        if cause is not None:
+            raise DestinationDown(f"sink {name!r}: nothing acknowledged: {cause}")
         parked = self._park_failures(conn, send, results, held, stage_failed)
         delivered = sum(1 for r in results if r is None)
         self.store.advance_offset(conn, name, last, delivered, filtered, parked, last_ts)
+        if self._waiting:
+            self.store.set_waiting(conn, name, None)
+            self._waiting = False
         conn.commit()
         stats.delivered += delivered
         stats.parked += parked
@@ -233,15 +264,8 @@ class Deliverer:
         if len(results) != len(messages):
             raise RuntimeError(f"sink {self.sink_config.name!r} returned {len(results)} results "
                                f"for {len(messages)} messages")
+        self._live.saw(results)
         return results
-
-    def _stage(self, batch: pa.Table, schemas: dict[str, list[dict[str, object]]]
-               ) -> tuple[pa.Table, list[StageFailure]]:
-        if self.sink_config.stream != "rows":
-            return self._stage_changes(batch, schemas)
-        batch = rows.coalesce(batch, self.sink_config.deletes)  # rows.py: row streams, any sink type
-        out, failed = self._stage_changes(batch, schemas)
-        return rows.reshape(out, rows.deleted_keys(batch, self._key_columns)), failed
 
     def _key_columns(self, table: str) -> tuple[str, ...]:
         if table not in self._keys:
@@ -249,118 +273,3 @@ class Deliverer:
                 info = self.store.table_info(conn, table)
             self._keys[table] = info.primary_key if info else ()
         return self._keys[table]
-
-    def _stage_changes(self, batch: pa.Table, schemas: dict[str, list[dict[str, object]]]
-                       ) -> tuple[pa.Table, list[StageFailure]]:
-        """Run the Spark stage; when it fails at run time (a transform raising on some row), bisect the
-        batch to find the rows that make it fail, so only those are parked, not the batch."""
-        if not self.plan.needs_record:
-            return run_arrow_stage(self.plan, batch), []  # nothing for Spark to compute (arrow_stage.py)
-        budget = [MAX_STAGE_SPLITS]
-        return self._stage_bisect(batch, schemas, budget)
-
-    def _stage_bisect(self, batch: pa.Table, schemas: dict[str, list[dict[str, object]]], budget: list[int]
-                      ) -> tuple[pa.Table, list[StageFailure]]:
-        try:
-            return run_stage(self.spark, self.plan, batch, schemas), []
-        except CONFIG_ERRORS:
-            raise  # a bad expression fails every row: a config problem, not a poison message
-        except Exception as exc:
-            budget[0] -= 1
-            if budget[0] < 0:
-                # So many rows fail that it is the environment or the code, not a few poison messages:
-                # fail the run (the offset stays) rather than park everything.
-                raise
-            if batch.num_rows == 1:
-                row = batch.to_pylist()[0]
-                group = (f"{row['table_schema']}|{row['table_name']}|{row['pk']}"
-                         if self.sink_config.message_grouping else None)
-                error = f"transform failed: {type(exc).__name__}: {_cause(exc)}"
-                return empty_output(), [((row["commit_lsn"], row["commit_idx"]), group, error)]
-            mid = batch.num_rows // 2
-            left, lf = self._stage_bisect(batch.slice(0, mid), schemas, budget)
-            right, rf = self._stage_bisect(batch.slice(mid), schemas, budget)
-            return pa.concat_tables([left.cast(right.schema), right]), lf + rf
-
-    def _park_failures(self, conn: psycopg.Connection, sent: Sequence[OutboundMessage],
-                       results: Sequence[str | None], held: Sequence[OutboundMessage],
-                       stage_failed: Sequence[StageFailure] = ()) -> int:
-        backoff = self.sink_config.backoff
-        failed_groups: set[str | None] = set()
-        items: list[tuple[Position, str | None, str, int]] = []
-        for pos, group, err in sorted(stage_failed):
-            group = group if group is not None else f"~{pos[0]}:{pos[1]}"
-            first = group not in failed_groups
-            failed_groups.add(group)
-            items.append((pos, group, err if first else HELD, 1 if first else 0))
-        for m, err in zip(sent, results, strict=True):
-            if err is None:
-                continue
-            group = m.group if m.group is not None else f"~{m.key}"  # ungrouped: its own group
-            first = group not in failed_groups
-            failed_groups.add(group)
-            items.append((position_of(m), group, err if first else HELD, 1 if first else 0))
-        items += [(position_of(m), m.group, HELD, 0) for m in held]
-        items.sort(key=lambda it: it[0])
-        delays = [next_delay_ms(max(1, a), backoff.initial_ms, backoff.max_ms, backoff.multiplier, backoff.jitter)
-                  if a else 0 for _, _, _, a in items]
-        self.store.park(conn, self.sink_config.name, items, delays)
-        return len(items)
-
-    def _retry_due(self, conn: psycopg.Connection, stats: DeliveryStats) -> None:
-        due = self.store.due_retries(conn, self.sink_config.name, self.batch_size)
-        if not due:
-            conn.commit()
-            return
-        attempts = {pos: a for pos, _, a in due}
-        groups = {pos: g for pos, g, _ in due}
-        batch = self.store.load_positions(conn, [pos for pos, _, _ in due])
-        out, stage_failed = self._stage(batch, self._schemas(conn))
-        failed_at = {pos: err for pos, _, err in stage_failed}
-        messages = messages_from(out)
-        kept = {position_of(m) for m in messages} | set(failed_at)
-        resolved = [pos for pos in attempts if pos not in kept]  # now filtered out: nothing to deliver
-        for m in messages:  # the group a message was parked under is the one that orders it
-            m.group = groups[position_of(m)]
-        # Nothing is sent behind a message of its group that the stage could not process.
-        first_failure: dict[str | None, Position] = {}
-        for pos in sorted(failed_at):
-            first_failure.setdefault(groups[pos], pos)
-        sendable = [m for m in messages
-                    if m.group not in first_failure or position_of(m) < first_failure[m.group]]
-        results = dict(zip(map(position_of, sendable), self._deliver(sendable), strict=True))
-        results.update(failed_at)
-        backoff = self.sink_config.backoff
-        failed_groups: set[str | None] = set()
-        name = self.sink_config.name
-        for pos in sorted(results):
-            group, err = groups[pos], results[pos]
-            if group in failed_groups:
-                continue  # stays parked behind its group's head
-            if err is None:
-                resolved.append(pos)
-                stats.retried += 1
-                stats.delivered += 1
-                continue
-            failed_groups.add(group)
-            tries = attempts[pos] + 1
-            limit = self.sink_config.max_retries
-            if limit is not None and tries > limit:
-                self.store.discard(conn, name, pos, f"gave up after {tries - 1} retries: {err}")
-                stats.discarded += 1
-            else:
-                delay = next_delay_ms(tries, backoff.initial_ms, backoff.max_ms, backoff.multiplier, backoff.jitter)
-                self.store.park(conn, name, [(pos, group, err, tries)], [delay])
-        self.store.resolve(conn, name, resolved)
-        conn.commit()
-
-
-def _cause(exc: BaseException) -> str:
-    """The informative line of a Spark error: for a Python worker failure the traceback's last line."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    if not lines:
-        return type(exc).__name__
-    tb = [line for line in lines if not line.startswith(("File ", "^", "~"))]
-    line = tb[-1] if "Traceback" in str(exc) and tb else lines[0]
-    return line[:400]
-

@@ -148,6 +148,24 @@ def _default_group(plan: SinkPlan, table: str | None) -> Column:
     return F.concat_ws("|", F.col("table_schema"), F.col("table_name"), F.col("pk"))
 
 
+def group_keys(spark: SparkSession, plan: SinkPlan, batch: pa.Table,
+               schemas: dict[str, list[dict[str, object]]]) -> dict[tuple[int, int], str | None]:
+    """The ordering group of each row of `batch`, as run_stage computes it but without filter or
+    transform: for rows the transform fails on, which must be parked under the group they belong to."""
+    df = spark.createDataFrame(batch)
+    out: dict[tuple[int, int], str | None] = {}
+    tables = sorted({f"{s}.{t}" for s, t in zip(batch.column("table_schema").to_pylist(),
+                                                  batch.column("table_name").to_pylist(), strict=True)})
+    for table in tables:
+        schema_name, _, table_name = table.partition(".")
+        part = df.where((F.col("table_schema") == schema_name) & (F.col("table_name") == table_name))
+        if plan.group_columns.get(table):
+            part = table_frame(part, schemas.get(table) or [], plan.sink.name)
+        for r in part.select("commit_lsn", "commit_idx", _default_group(plan, table).alias("g")).collect():
+            out[(int(r[0]), int(r[1]))] = r[2]
+    return out
+
+
 def table_frame(df: DataFrame, columns: Sequence[dict[str, object]], sink_name: str) -> DataFrame:
     """Log rows of one table as filters and transforms see them: `record` and `changes` parsed into
     structs of the table's columns, and `metadata`; the raw JSON kept as record_json/changes_json."""

@@ -12,6 +12,10 @@ Contract (what the delivery engine relies on):
 * `SinkUnavailable` is raised (by `open()` or `deliver()`) when the destination as a whole cannot be
   reached and nothing in the batch was acknowledged; the engine retries the whole batch later without
   advancing its offset. Once part of a batch is acknowledged, the rest get per-message errors instead.
+* A per-message error that says the destination did not answer (timeout, no acknowledgement, lost
+  connection, no responders) is an `Unreachable` string: the engine treats a batch in which every
+  message sent failed that way as an outage of the destination (not counted against any message),
+  and counts such an error against a message only once the destination has accepted other messages.
 * Errors never contain secrets: no header values, no passwords or tokens from URLs.
 """
 
@@ -40,6 +44,18 @@ class OutboundMessage:
     group: str | None  # ordering group (None = ungrouped)
     route: str | None  # per-message destination override; None = the destination's default
     payload: bytes  # compact UTF-8 JSON: {"record", "changes", "action", "metadata"}
+
+
+class Unreachable(str):
+    """A per-message error meaning the destination did not answer for it (timeout, no acknowledgement,
+    connection lost, nothing listening), as opposed to the destination rejecting this message."""
+
+    __slots__ = ()
+
+
+def is_held(result: str | None) -> bool:
+    """A result that says the message was not sent because an earlier one of its group failed."""
+    return result is not None and (result == HELD_NOT_SENT or result.startswith("held behind"))
 
 
 class SinkUnavailable(Exception):
@@ -81,6 +97,11 @@ class Sink(abc.ABC):
     def position(self) -> tuple[int, int] | None:
         """The last position the destination itself committed, for sinks that commit it atomically."""
         return None
+
+    def hold_position_below(self, position: tuple[int, int] | None) -> None:  # noqa: B027
+        """The earliest message of the coming batch that the engine parks instead of sending (held back
+        behind its group, or failed by the transform): it is recorded only in the engine's later commit,
+        so a sink that commits its own `position()` must not record one at or past it."""
 
     def __enter__(self) -> Sink:
         self.open()

@@ -39,9 +39,10 @@ from cdc_pipeline.sinks.base import (
     SinkConfigError,
     SinkConfigLike,
     SinkUnavailable,
+    Unreachable,
     safe_endpoint,
 )
-from cdc_pipeline.sinks.inflight import PENDING, InFlight, PipelinedSink
+from cdc_pipeline.sinks.inflight import PENDING, InFlight, PipelinedSink, in_rounds
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +154,8 @@ class NatsSink(PipelinedSink):
         results = state.results
         failed: set[str] = set()
         try:
-            for i, m in enumerate(batch):
+            async for i in in_rounds(state, batch, failed, self.ack_timeout_s):
+                m = batch[i]
                 if m.group is not None and m.group in failed:
                     results[i] = HELD_NOT_SENT
                     continue
@@ -196,7 +198,9 @@ class NatsSink(PipelinedSink):
     @staticmethod
     def _ack_error(msg: Msg, subject: str) -> str | None:
         if msg.headers and msg.headers.get("Status") == _NO_RESPONDERS:
-            return f"no JetStream stream captures subject {subject!r}"
+            # Also what every message gets while JetStream is down: the engine tells the two apart by
+            # whether other messages of the batch were stored.
+            return Unreachable(f"no JetStream stream captures subject {subject!r} (or JetStream is down)")
         data = msg.data
         if b'"error"' not in data:
             return None  # a PubAck (a duplicate one too: the server already holds this Msg-Id)

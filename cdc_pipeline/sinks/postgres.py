@@ -13,7 +13,8 @@ TRUNCATE splits the batch: messages before it, the truncate, messages after it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 
 import psycopg
 from psycopg import sql
@@ -36,6 +37,8 @@ class PostgresSink(Sink):
         self.conn: psycopg.Connection | None = None
         self._describe: Callable[[str], TableInfo | None] = lambda table: None
         self._shapes: dict[str, tuple[str, ...]] = {}  # target table -> columns it was synced to
+        self._pending: dict[str, tuple[str, ...]] = {}  # synced in the open transaction (lost on rollback)
+        self._ceiling: tuple[int, int] | None = None  # never record a position at or past this one
 
     # -- lifecycle --------------------------------------------------------------------------------
     def open(self) -> None:
@@ -64,6 +67,9 @@ class PostgresSink(Sink):
                 sql.Identifier(OFFSETS_SCHEMA)), (self.name,)).fetchone()
         self.conn.commit()
         return (int(row[0]), int(row[1])) if row else None
+
+    def hold_position_below(self, position: tuple[int, int] | None) -> None:
+        self._ceiling = position
 
     def close(self) -> None:
         if self.conn is not None:
@@ -98,7 +104,7 @@ class PostgresSink(Sink):
                 results.append("held behind an earlier failed message of its group")
                 continue
             try:
-                with self.conn.transaction():
+                with self._tracked():
                     # Past a failure the destination must not record a position beyond it: a crash before
                     # the state database parks it would otherwise resume after it and lose it. Replaying
                     # the later successes instead is harmless (same messages, same order).
@@ -115,9 +121,21 @@ class PostgresSink(Sink):
         return results
 
     def _apply(self, batch: Sequence[OutboundMessage]) -> None:
-        assert self.conn is not None
-        with self.conn.transaction():
+        with self._tracked():
             self._apply_in_tx(batch)
+
+    @contextlib.contextmanager
+    def _tracked(self) -> Iterator[None]:
+        """A transaction whose table syncs are remembered only once it commits: a rolled-back CREATE or
+        ALTER must be done again by the next transaction."""
+        assert self.conn is not None
+        self._pending = {}
+        try:
+            with self.conn.transaction():
+                yield
+        finally:
+            pending, self._pending = self._pending, {}
+        self._shapes.update(pending)  # reached only when the transaction committed
 
     def _apply_in_tx(self, batch: Sequence[OutboundMessage], record_position: bool = True) -> None:
         assert self.conn is not None
@@ -136,6 +154,8 @@ class PostgresSink(Sink):
             self._append()
         else:
             self._mirror(len(batch))
+        if self._ceiling is not None:  # replaying sent messages after it is harmless; losing it is not
+            last = min(last, (self._ceiling[0], self._ceiling[1] - 1))
         if not record_position:
             return
         conn.execute(sql.SQL(
@@ -176,7 +196,8 @@ class PostgresSink(Sink):
             raise ValueError(f"mirror of {source_table}: no primary key known for the source table")
         target = self._target(source_table)
         columns = tuple(c.name for c in info.columns)
-        if self._shapes.get(".".join(target)) == columns:
+        key = ".".join(target)
+        if self._pending.get(key, self._shapes.get(key)) == columns:
             return target, info
         ident = sql.Identifier(*target)
         self.conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(target[0])))
@@ -195,7 +216,7 @@ class PostgresSink(Sink):
                         ident, sql.Identifier(c.name), _column_type(c)))
             for name in have - set(columns):
                 self.conn.execute(sql.SQL("ALTER TABLE {} DROP COLUMN {}").format(ident, sql.Identifier(name)))
-        self._shapes[".".join(target)] = columns
+        self._pending[key] = columns
         return target, info
 
     def _mirror(self, n: int) -> None:

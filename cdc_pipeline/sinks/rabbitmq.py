@@ -40,7 +40,7 @@ from cdc_pipeline.sinks.base import (
     SinkUnavailable,
     safe_endpoint,
 )
-from cdc_pipeline.sinks.inflight import PENDING, InFlight, PipelinedSink
+from cdc_pipeline.sinks.inflight import PENDING, InFlight, PipelinedSink, in_rounds
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +189,8 @@ class RabbitMQSink(PipelinedSink):
         results = state.results
         failed: set[str] = set()
         try:
-            for i, m in enumerate(batch):
+            async for i in in_rounds(state, batch, failed, CONFIRM_TIMEOUT_S):
+                m = batch[i]
                 if m.group is not None and m.group in failed:
                     results[i] = HELD_NOT_SENT
                     continue

@@ -19,6 +19,7 @@ from cdc_pipeline.sinks.base import (
     Sink,
     SinkConfigLike,
     SinkUnavailable,
+    Unreachable,
     hold_back,
     safe_endpoint,
 )
@@ -65,7 +66,7 @@ class RedisStreamSink(Sink):
                 if not any(r is None for r in results):
                     raise SinkUnavailable(self._why(exc)) from exc
                 # Part of the batch is acknowledged: report the rest so the caller keeps the part.
-                reason = f"not delivered: {self._why(exc)}"
+                reason = Unreachable(f"not delivered: {self._why(exc)}")
                 results.extend(reason for _ in range(len(batch) - len(results)))
                 break
             finally:

@@ -13,6 +13,8 @@
   without bisecting: a slow endpoint would only get slower.
 * Chunks with disjoint groups may be in flight together (up to CONCURRENCY); ungrouped messages never
   conflict. One keep-alive `httpx.Client` serves all of them.
+* Every request carries an `Idempotency-Key` header: the message's key, or `first..last` for a request
+  of several messages (each message's own key is in its metadata).
 * `route` is ignored: a webhook sink has one URL.
 * Errors and logs never contain header values or the secret (they are masked even in echoed bodies).
 """
@@ -34,6 +36,7 @@ from cdc_pipeline.sinks.base import (
     SinkConfigError,
     SinkConfigLike,
     SinkUnavailable,
+    Unreachable,
     safe_endpoint,
 )
 
@@ -52,7 +55,8 @@ class _ChunkFailed(Exception):
 
     def __init__(self, reason: str, bisect: bool) -> None:
         super().__init__(reason)
-        self.reason = reason
+        # No answer (timeout, broken connection) says nothing about the message itself.
+        self.reason = reason if bisect else Unreachable(reason)
         self.bisect = bisect
 
 
@@ -111,7 +115,7 @@ class WebhookSink(Sink):
             if down is not None:
                 for chunk in wave:
                     for i in chunk:
-                        results[i] = f"not sent: {down}"
+                        results[i] = Unreachable(f"not sent: {down}")
                 continue
             if len(wave) == 1:
                 outcomes = [self._run_chunk(batch, wave[0], results, failed)]
@@ -123,7 +127,7 @@ class WebhookSink(Sink):
                 down = reason
                 for i in chunk:
                     if results[i] is _PENDING:
-                        results[i] = f"not sent: {reason}"
+                        results[i] = Unreachable(f"not sent: {reason}")
             if down is not None and not any(r is None for r in results):
                 raise SinkUnavailable(down)
         return results
@@ -149,7 +153,7 @@ class WebhookSink(Sink):
         if not send:
             return
         try:
-            self._post([batch[i].payload for i in send])
+            self._post([batch[i].payload for i in send], [batch[i].key for i in send])
         except _ChunkFailed as exc:
             if exc.bisect and len(send) > 1:
                 mid = len(send) // 2
@@ -165,10 +169,13 @@ class WebhookSink(Sink):
         for i in send:
             results[i] = None
 
-    def _post(self, payloads: list[bytes]) -> None:
+    def _post(self, payloads: list[bytes], keys: list[str]) -> None:
         assert self._client is not None
         body = b'{"data":[' + b",".join(payloads) + b"]}"
-        headers = {"Content-Type": "application/json", **self.extra_headers}
+        # The key travels in the body too, but a transform may drop it: the header always carries it
+        # (a request of several messages names its first and last: `first..last`).
+        idempotency = keys[0] if len(keys) == 1 else f"{keys[0]}..{keys[-1]}"
+        headers = {"Content-Type": "application/json", "Idempotency-Key": idempotency, **self.extra_headers}
         if self._secret is not None:
             headers[self.signature_header] = hmac.new(self._secret, body, hashlib.sha256).hexdigest()
         where = safe_endpoint(self.url)

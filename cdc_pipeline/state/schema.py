@@ -171,6 +171,12 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX change_log_commit_ts ON {s}.change_log (commit_ts);
     """,
+    # 5: a delivery waiting for its destination (or the state database) says so, for `status`.
+    # (IF NOT EXISTS: safe whatever order migrations of parallel branches are merged in.)
+    """
+    ALTER TABLE {s}.sink_offsets ADD COLUMN IF NOT EXISTS waiting_since timestamptz,
+        ADD COLUMN IF NOT EXISTS waiting_reason text;
+    """,
 ]
 
 

@@ -32,12 +32,13 @@ def log_stats(conn: psycopg.Connection, schema: str) -> dict[str, Any]:
 
 def sink_offset_row(conn: psycopg.Connection, schema: str, sink: str) -> dict[str, Any] | None:
     row = conn.execute(sql.SQL(
-        "SELECT commit_lsn, commit_idx, delivered, filtered, updated_at FROM {}.sink_offsets WHERE sink = %s"
+        "SELECT commit_lsn, commit_idx, delivered, filtered, updated_at, waiting_since, waiting_reason "
+        "FROM {}.sink_offsets WHERE sink = %s"
     ).format(sql.Identifier(schema)), (sink,)).fetchone()
     if row is None:
         return None
     return {"position": (int(row[0]), int(row[1])), "delivered": int(row[2]), "filtered": int(row[3]),
-            "updated_at": row[4]}
+            "updated_at": row[4], "waiting_since": row[5], "waiting_reason": row[6]}
 
 
 def has_backfills(conn: psycopg.Connection, schema: str) -> bool:

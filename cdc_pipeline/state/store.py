@@ -163,6 +163,12 @@ class Store:
             "WHERE sink = %s AND (commit_lsn, commit_idx) <= (%s, %s)").format(self.s),
             (position[0], position[1], delivered, filtered, parked, last_commit_ts, sink, position[0], position[1]))
 
+    def set_waiting(self, conn: psycopg.Connection, sink: str, reason: str | None) -> None:
+        """Record that the sink's delivery waits for its destination (reason None: it no longer does)."""
+        conn.execute(sql.SQL(
+            "UPDATE {}.sink_offsets SET waiting_reason = %s, waiting_since = CASE WHEN %s::text IS NULL THEN NULL "
+            "ELSE coalesce(waiting_since, now()) END WHERE sink = %s").format(self.s), (reason, reason, sink))
+
     # -- failed messages --------------------------------------------------------------------------
     def parked_groups(self, conn: psycopg.Connection, sink: str) -> set[str | None]:
         rows = conn.execute(sql.SQL(
@@ -226,13 +232,20 @@ class Store:
                 "first_failed_at", "next_attempt_at")
         return [{**dict(zip(keys, r, strict=True)), "id": f"{r[1]}:{r[2]}"} for r in rows]
 
-    def retry_now(self, conn: psycopg.Connection, sink: str | None, position: Position | None) -> int:
-        """Make parked (or discarded) messages due now; None position = all of the sink(s)."""
-        cur = conn.execute(sql.SQL(
-            "UPDATE {}.failed_messages SET status = 'parked', next_attempt_at = now() "
-            "WHERE (%s::text IS NULL OR sink = %s) AND (%s::bigint IS NULL OR (commit_lsn = %s AND commit_idx = %s))"
-        ).format(self.s), (sink, sink, *_pos_params(position)))
-        return cur.rowcount
+    def retry_now(self, conn: psycopg.Connection, sink: str | None, position: Position | None,
+                  include_discarded: bool = False) -> tuple[int, int]:
+        """Make parked messages due now (None position = all of the sink(s)); discarded ones too with
+        ``include_discarded``. Returns (made due, of which were discarded)."""
+        rows = conn.execute(sql.SQL(
+            "UPDATE {s}.failed_messages f SET status = 'parked', next_attempt_at = now() "
+            "FROM (SELECT sink, commit_lsn, commit_idx, status FROM {s}.failed_messages "
+            "      WHERE (%s::text IS NULL OR sink = %s) "
+            "      AND (%s::bigint IS NULL OR (commit_lsn = %s AND commit_idx = %s)) "
+            "      AND (status = 'parked' OR %s) FOR UPDATE) old "
+            "WHERE (f.sink, f.commit_lsn, f.commit_idx) = (old.sink, old.commit_lsn, old.commit_idx) "
+            "RETURNING old.status").format(s=self.s),
+            (sink, sink, *_pos_params(position), include_discarded)).fetchall()
+        return len(rows), sum(1 for r in rows if r[0] == "discarded")
 
     def discard_now(self, conn: psycopg.Connection, sink: str | None, position: Position | None) -> int:
         cur = conn.execute(sql.SQL(

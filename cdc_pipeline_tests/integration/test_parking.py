@@ -105,3 +105,85 @@ def test_crash_before_parking_loses_nothing(source_db, db_factory, write_config,
     assert len(parked) == 1 and parked[0][2] == "parked"
     rows = dict(dest.execute("SELECT id, balance FROM mirror.acct"))
     assert rows[7] == 0 and all(v == 1 for k, v in rows.items() if k != 7)
+
+
+def test_crash_between_sink_and_state_commit_keeps_held_messages(source_db, db_factory, write_config, spark,
+                                                                 monkeypatch):
+    """Key 7's second update is held behind its parked first one while keys 8-10 are applied after it.
+    The process dies after the mirror's commit, before the state commit parks the held message: the
+    mirror's recorded position must not have passed it (issue 9.2)."""
+    import pytest
+
+    from cdc_pipeline.state.store import Store
+
+    dest = db_factory()
+    config = _prepare(source_db, dest, write_config)
+    source_db.execute("INSERT INTO acct SELECT g, 0 FROM generate_series(1, 10) g")
+    drain(config)
+    deliver(config, spark)
+    source_db.execute("UPDATE acct SET balance = 1")  # key 7 fails and is parked
+    drain(config)
+    deliver(config, spark)
+    assert [p[2] for p in _parked(config)] == ["parked"]
+    source_db.execute("UPDATE acct SET balance = 2")  # key 7's version is held, the others applied
+    drain(config)
+    with monkeypatch.context() as m:
+        def crash(*args: object, **kwargs: object) -> None:
+            raise SystemExit("killed between the mirror's commit and the state commit")
+
+        m.setattr(Store, "advance_offset", crash)
+        with pytest.raises(SystemExit):
+            deliver(config, spark)
+    assert dict(dest.execute("SELECT id, balance FROM mirror.acct"))[10] == 2  # the mirror committed
+    deliver(config, spark)  # the restart: key 7's held version is parked now, not skipped
+    assert len(_parked(config)) == 2
+    dest.execute("ALTER TABLE mirror.acct DROP CONSTRAINT poison")
+    assert main(["--config", str(config.path), "failed", "retry", "--all"]) == 0
+    deliver(config, spark)
+    assert _parked(config) == []
+    assert_mirrored(source_db.dsn, "public.acct", dest.dsn, "mirror.acct")
+
+
+def test_rolled_back_table_sync_is_done_again(source_db, db_factory, write_config, spark):
+    """The first batch adds the mirror's missing column and is rolled back by one bad row: later
+    messages must still apply (the sink must not remember the rolled-back ALTER TABLE; issue 9.3)."""
+    dest = db_factory()
+    source_db.execute("CREATE TABLE acct (id int PRIMARY KEY, balance int)")
+    config = write_config(mirror_config(source_db.dsn, dest.dsn, ["public.acct"], target="mirror.acct",
+                                        backoff={"initial_ms": 60000, "max_ms": 60000}))
+    setup(config)
+    dest.execute("CREATE SCHEMA mirror; CREATE TABLE mirror.acct (id int PRIMARY KEY, CONSTRAINT poison CHECK (id <> 7))")
+    source_db.execute("INSERT INTO acct SELECT g, 0 FROM generate_series(1, 10) g")
+    drain(config)
+    stats = deliver(config, spark)
+    assert stats.parked == 1 and stats.delivered == 9
+    source_db.execute("UPDATE acct SET balance = 5 WHERE id <> 7")
+    drain(config)
+    assert deliver(config, spark).delivered == 9
+    rows = dict(dest.execute("SELECT id, balance FROM mirror.acct"))
+    assert rows == {i: 5 for i in range(1, 11) if i != 7}
+
+
+def test_max_retries_zero_discards_at_once_and_retry_all_keeps_discarded(source_db, db_factory, write_config, spark,
+                                                                         capsys):
+    """`max_retries: 0` discards on the first failure (1 would retry once); `failed retry --all` revives
+    parked messages only, discarded ones need --include-discarded, which warns (issue 9 smaller, 9.16)."""
+    dest = db_factory()
+    config = _prepare(source_db, dest, write_config, max_retries=0)
+    source_db.execute("INSERT INTO acct SELECT g, 0 FROM generate_series(1, 10) g")
+    source_db.execute("UPDATE acct SET balance = 1 WHERE id IN (6, 7)")
+    drain(config)
+    deliver(config, spark)
+    assert [(p[2], p[3]) for p in _parked(config)] == [("discarded", 1)]
+    dest.execute("ALTER TABLE mirror.acct DROP CONSTRAINT poison")
+    assert main(["--config", str(config.path), "failed", "retry", "--all"]) == 0
+    assert "0 message(s) due for retry now" in capsys.readouterr().out
+    deliver(config, spark)
+    assert [p[2] for p in _parked(config)] == ["discarded"]
+    assert dict(dest.execute("SELECT id, balance FROM mirror.acct"))[7] == 0
+    assert main(["--config", str(config.path), "failed", "retry", "--all", "--include-discarded"]) == 0
+    captured = capsys.readouterr()
+    assert "1 message(s) due for retry now" in captured.out and "warning: 1 discarded" in captured.err
+    deliver(config, spark)
+    assert _parked(config) == []
+    assert_mirrored(source_db.dsn, "public.acct", dest.dsn, "mirror.acct")

@@ -223,3 +223,14 @@ def test_endpoint_going_down_mid_batch_fails_the_rest(receiver: Receiver) -> Non
     assert results[:5] == [None] * 5
     assert all(r is not None and "HTTP 503" in r for r in results[5:])
     assert len(receiver.requests) == 2
+
+
+def test_idempotency_key_header(receiver: Receiver) -> None:
+    """The key travels in a header too, since a transform may drop it from the body (issue 9, smaller)."""
+    batch = messages(4, groups=0)
+    with webhook(receiver.url, batch_size=1) as sink:
+        assert sink.deliver(batch[:2]) == [None, None]
+    with webhook(receiver.url, batch_size=10) as sink:
+        assert sink.deliver(batch[2:]) == [None, None]
+    assert sorted(h["idempotency-key"] for h, _, _ in receiver.requests) == sorted([
+        batch[0].key, batch[1].key, f"{batch[2].key}..{batch[3].key}"])  # the first two may race

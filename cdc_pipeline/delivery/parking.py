@@ -1,0 +1,148 @@
+"""Parking and retrying failed messages, per group and in order: a mixin of the Deliverer.
+
+A group's first failure is parked with its error (counted against `max_retries` unless it says the
+destination did not answer, see outage.py), the group's later messages are parked behind it as held;
+due groups are retried in log order, RETRY_CHUNK messages at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import psycopg
+import pyarrow as pa
+
+from cdc_pipeline.config import SinkConfig
+from cdc_pipeline.delivery.backoff import next_delay_ms
+from cdc_pipeline.delivery.outage import Liveness
+from cdc_pipeline.delivery.staging import NotIsolated, StageFailure
+from cdc_pipeline.delivery.stats import DeliveryStats
+from cdc_pipeline.sinks.base import OutboundMessage, Sink
+from cdc_pipeline.state.store import Position, Store
+
+HELD = "held behind an earlier failed message of its group"
+# Parked messages due for a retry are staged this many at a time: a transform failing on several of
+# them then costs a bounded bisection, not one over everything due.
+RETRY_CHUNK = 256
+
+
+def messages_from(out: pa.Table) -> list[OutboundMessage]:
+    cols = [out.column(c).to_pylist() for c in ("commit_lsn", "commit_idx", "group_key", "route", "payload")]
+    return [OutboundMessage(f"{lsn}:{idx}", group, route, payload.encode())
+            for lsn, idx, group, route, payload in zip(*cols, strict=True)]
+
+
+def position_of(message: OutboundMessage) -> Position:
+    lsn, _, idx = message.key.partition(":")
+    return int(lsn), int(idx)
+
+
+class Parking:
+    sink_config: SinkConfig
+    store: Store
+    sink: Sink | None
+    batch_size: int
+    _live: Liveness
+
+    def _deliver(self, messages: Sequence[OutboundMessage]) -> list[str | None]:
+        raise NotImplementedError
+
+    def _stage(self, batch: pa.Table, schemas: dict[str, list[dict[str, object]]]
+               ) -> tuple[pa.Table, list[StageFailure]]:
+        raise NotImplementedError
+
+    def _schemas(self, conn: psycopg.Connection) -> dict[str, list[dict[str, object]]]:
+        raise NotImplementedError
+
+    def _park_failures(self, conn: psycopg.Connection, sent: Sequence[OutboundMessage],
+                       results: Sequence[str | None], held: Sequence[OutboundMessage],
+                       stage_failed: Sequence[StageFailure] = ()) -> int:
+        """Park what failed (a group's first failure with its error, the rest of the group as held) and
+        what was held back; discard at once what fails with `max_retries: 0`."""
+        failed_groups: set[str | None] = set()
+        items: list[tuple[Position, str | None, str, int]] = []
+        for pos, group, err in sorted(stage_failed):
+            group = group if group is not None else f"~{pos[0]}:{pos[1]}"
+            first = group not in failed_groups
+            failed_groups.add(group)
+            items.append((pos, group, err if first else HELD, 1 if first and not isinstance(err, NotIsolated) else 0))
+        tried: list[Position] = []
+        for m, err in zip(sent, results, strict=True):
+            if err is None:
+                continue
+            pos = position_of(m)
+            group = m.group if m.group is not None else f"~{m.key}"  # ungrouped: its own group
+            first = group not in failed_groups
+            failed_groups.add(group)
+            # An unanswered message next to acknowledged ones is not yet known to be the culprit.
+            counted = first and self._live.counts(pos, err)
+            items.append((pos, group, err if first else HELD, 1 if counted else 0))
+            if first:
+                tried.append(pos)
+        self._live.tried(tried)
+        items += [(position_of(m), m.group, HELD, 0) for m in held]
+        items.sort(key=lambda it: it[0])
+        self.store.park(conn, self.sink_config.name, items, [self._delay(max(1, a)) for _, _, _, a in items])
+        if self.sink_config.max_retries == 0:  # no retries: the first counted failure is final
+            for pos, _, err, attempts in items:
+                if attempts:
+                    self.store.discard(conn, self.sink_config.name, pos, f"failed (max_retries: 0): {err}")
+        return len(items)
+
+    def _delay(self, attempt: int) -> int:
+        b = self.sink_config.backoff
+        return next_delay_ms(attempt, b.initial_ms, b.max_ms, b.multiplier, b.jitter)
+
+    def _retry_due(self, conn: psycopg.Connection, stats: DeliveryStats) -> None:
+        due = self.store.due_retries(conn, self.sink_config.name, min(self.batch_size, RETRY_CHUNK))
+        if not due:
+            conn.commit()
+            return
+        attempts = {pos: a for pos, _, a in due}
+        groups = {pos: g for pos, g, _ in due}
+        batch = self.store.load_positions(conn, [pos for pos, _, _ in due])
+        out, stage_failed = self._stage(batch, self._schemas(conn))
+        failed_at = {pos: err for pos, _, err in stage_failed}
+        messages = messages_from(out)
+        kept = {position_of(m) for m in messages} | set(failed_at)
+        resolved = [pos for pos in attempts if pos not in kept]  # now filtered out: nothing to deliver
+        for m in messages:  # the group a message was parked under is the one that orders it
+            m.group = groups[position_of(m)]
+        # Nothing is sent behind a message of its group that the stage could not process.
+        first_failure: dict[str | None, Position] = {}
+        for pos in sorted(failed_at):
+            first_failure.setdefault(groups[pos], pos)
+        sendable = [m for m in messages
+                    if m.group not in first_failure or position_of(m) < first_failure[m.group]]
+        assert self.sink is not None
+        self.sink.hold_position_below(None)  # retries are behind the offset: recording them moves nothing
+        sent = self._deliver(sendable)
+        results = dict(zip(map(position_of, sendable), sent, strict=True))
+        results.update(failed_at)
+        failed_groups: set[str | None] = set()
+        name = self.sink_config.name
+        limit = self.sink_config.max_retries
+        tried: list[Position] = []
+        for pos in sorted(results):
+            group, err = groups[pos], results[pos]
+            if group in failed_groups:
+                continue  # stays parked behind its group's head
+            if err is None:
+                resolved.append(pos)
+                stats.retried += 1
+                stats.delivered += 1
+                continue
+            failed_groups.add(group)
+            tried.append(pos)
+            # A destination that answered nobody is down: the attempt is not the message's fault.
+            counted = self._live.counts(pos, err) and not isinstance(err, NotIsolated)
+            tries = attempts[pos] + (1 if counted else 0)
+            if limit is not None and tries > limit:
+                self.store.discard(conn, name, pos, f"gave up after {tries - 1} retries: {err}")
+                stats.discarded += 1
+            else:
+                self.store.park(conn, name, [(pos, group, err, tries)], [self._delay(max(1, tries))])
+        self._live.tried(tried)
+        self._live.forget(resolved)
+        self.store.resolve(conn, name, resolved)
+        conn.commit()

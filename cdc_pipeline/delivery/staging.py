@@ -1,0 +1,108 @@
+"""The Spark (or Arrow) stage of a batch, and isolating the rows a transform fails on by bisection, so only
+those are parked, not the batch: a mixin of the Deliverer."""
+
+from __future__ import annotations
+
+import logging
+
+import pyarrow as pa
+from pyspark.errors import AnalysisException, ParseException
+from pyspark.sql import SparkSession
+
+from cdc_pipeline.config import SinkConfig
+from cdc_pipeline.delivery import rows
+from cdc_pipeline.delivery.arrow_stage import run_arrow_stage
+from cdc_pipeline.delivery.spark_stage import SinkPlan, empty_output, group_keys, run_stage
+from cdc_pipeline.state.store import Position
+
+log = logging.getLogger("cdc_pipeline.delivery.engine")
+
+# (position, group, error) of a message the Spark stage could not process.
+StageFailure = tuple[Position, str | None, str]
+# Errors that fail every row alike (bad expression, unknown column): not worth bisecting.
+CONFIG_ERRORS: tuple[type[BaseException], ...] = (AnalysisException, ParseException)
+# Spark jobs one batch may spend isolating failing rows: ~2*log2(batch) per poison row. Past it, the
+# rows not yet isolated are parked together (not counted against their retries) instead of failing the run.
+MAX_STAGE_SPLITS = 128
+
+
+class NotIsolated(str):
+    """A transform error of a row that was parked with others before the bisection isolated it."""
+
+    __slots__ = ()
+
+
+class Staging:
+    spark: SparkSession
+    plan: SinkPlan
+    sink_config: SinkConfig
+
+    def _stage(self, batch: pa.Table, schemas: dict[str, list[dict[str, object]]]
+               ) -> tuple[pa.Table, list[StageFailure]]:
+        if self.sink_config.stream != "rows":
+            return self._stage_changes(batch, schemas)
+        batch = rows.coalesce(batch, self.sink_config.deletes)  # rows.py: row streams, any sink type
+        out, failed = self._stage_changes(batch, schemas)
+        return rows.reshape(out, rows.deleted_keys(batch, self._key_columns)), failed
+
+    def _key_columns(self, table: str) -> tuple[str, ...]:
+        raise NotImplementedError  # the Deliverer's: primary key columns per table, from the state database
+
+    def _stage_changes(self, batch: pa.Table, schemas: dict[str, list[dict[str, object]]]
+                       ) -> tuple[pa.Table, list[StageFailure]]:
+        """Run the Spark stage; when it fails at run time (a transform raising on some row), bisect the
+        batch to find the rows that make it fail, so only those are parked, not the batch."""
+        if not self.plan.needs_record:
+            return run_arrow_stage(self.plan, batch), []  # nothing for Spark to compute (arrow_stage.py)
+        budget = [MAX_STAGE_SPLITS]
+        return self._stage_bisect(batch, schemas, budget)
+
+    def _stage_bisect(self, batch: pa.Table, schemas: dict[str, list[dict[str, object]]], budget: list[int]
+                      ) -> tuple[pa.Table, list[StageFailure]]:
+        try:
+            return run_stage(self.spark, self.plan, batch, schemas), []
+        except CONFIG_ERRORS:
+            raise  # a bad expression fails every row: a config problem, not a poison message
+        except Exception as exc:
+            budget[0] -= 1
+            cause = f"{type(exc).__name__}: {_cause(exc)}"
+            if batch.num_rows == 1:
+                error = f"transform failed: {cause}"
+            elif budget[0] < 0:  # park what is left rather than fail the run (and every run after it)
+                error = NotIsolated(f"transform failed on this row or another of the {batch.num_rows} parked "
+                                    f"with it (bisection budget spent): {cause}")
+            else:
+                mid = batch.num_rows // 2
+                left, lf = self._stage_bisect(batch.slice(0, mid), schemas, budget)
+                right, rf = self._stage_bisect(batch.slice(mid), schemas, budget)
+                return pa.concat_tables([left.cast(right.schema), right]), lf + rf
+            groups = self._groups(batch, schemas)
+            return empty_output(), [(pos, groups[pos], error) for pos in groups]
+
+    def _groups(self, batch: pa.Table, schemas: dict[str, list[dict[str, object]]]
+                ) -> dict[Position, str | None]:
+        """Each row's ordering group: its `group_columns` group where the table has one (via Spark, as
+        the stage computes it), else table and key."""
+        rows = [(int(r["commit_lsn"]), int(r["commit_idx"]), f"{r['table_schema']}|{r['table_name']}|{r['pk']}")
+                for r in batch.select(["commit_lsn", "commit_idx", "table_schema", "table_name", "pk"]).to_pylist()]
+        if not self.sink_config.message_grouping:
+            return {(lsn, idx): None for lsn, idx, _ in rows}
+        found: dict[Position, str | None] = {}
+        if self.plan.group_columns:
+            try:
+                found = group_keys(self.spark, self.plan, batch, schemas)
+            except Exception as exc:  # the record itself breaks Spark: table and key still order it
+                log.warning("deliver: sink %s: cannot compute groups of failed rows: %s", self.sink_config.name,
+                            _cause(exc))
+        return {(lsn, idx): found.get((lsn, idx), default) for lsn, idx, default in rows}
+
+
+def _cause(exc: BaseException) -> str:
+    """The informative line of a Spark error: for a Python worker failure the traceback's last line."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    tb = [line for line in lines if not line.startswith(("File ", "^", "~"))]
+    line = tb[-1] if "Traceback" in str(exc) and tb else lines[0]
+    return line[:400]
+
