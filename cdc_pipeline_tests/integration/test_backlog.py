@@ -53,7 +53,7 @@ def test_row_stream_past_the_limit_is_resynced_by_a_backfill(source_db, db_facto
     source_db.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
     data = mirror_config(source_db.dsn, dest.dsn, ["public.t"], stream="rows")
     data["state"] = {"max_backlog_hours": LIMIT_HOURS}
-    data["drain"] = {"heartbeat_seconds": 0.5, "batch_ms": 100, "idle_seconds": 0.5}
+    data["drain"] = {"heartbeat_seconds": 0.5, "batch_ms": 100}
     config = write_config(data)
     setup(config)
     source_db.execute("INSERT INTO t SELECT g, 'v0' FROM generate_series(1, 40) g")

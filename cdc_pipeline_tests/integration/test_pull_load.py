@@ -28,7 +28,7 @@ def load_config(dsn: str) -> dict[str, Any]:
     return {
         "source": {"dsn": dsn, "slot": "cdc_test", "publication": "cdc_test"},
         "spark": {"master": "local[2]"},
-        "drain": {"heartbeat_seconds": 1, "batch_ms": 200, "idle_seconds": 0.5},
+        "drain": {"heartbeat_seconds": 1, "batch_ms": 200},
         "delivery": {"batch_size": 5000},
         "tables": [{"name": "public.t"}],
         "sinks": [{"name": "pull", "tables": ["public.t"],
