@@ -22,6 +22,7 @@ from cdc_pipeline.backfill.request import TableShape
 from cdc_pipeline.backfill.state import BackfillSpec
 from cdc_pipeline.backfill.watermark import WATERMARK_PREFIX, Watermark, page_token
 from cdc_pipeline.postgres import catalog
+from cdc_pipeline.postgres.compose import escape_percent
 from cdc_pipeline.postgres.keyset import count_query, page_query
 from cdc_pipeline.state.backfill_pages import PageStore
 from cdc_pipeline.state.relations import upsert_relation
@@ -32,10 +33,6 @@ COPY_BLOCK = 1 << 20
 # (capture/json_text.py: escape_nul).
 _NUL_ESCAPE = sql.Literal(r"(?<!\\)((?:\\\\)*)\\u0000")
 _ESCAPED_NUL = sql.Literal(r"\1\\\\u0000")
-
-
-def _escape(name: str) -> str:
-    return name.replace("%", "%%")  # see postgres/keyset.py: queries are rendered with % formatting
 
 
 def _render(conn: psycopg.Connection, query: sql.Composable, params: Sequence[object]) -> str:
@@ -54,7 +51,7 @@ def page_sql(conn: psycopg.Connection, shape: TableShape, backfill_id: str, page
     inner, inner_params = page_query(shape.schema, shape.name, None, shape.keyset, after=cursor, limit=limit,
                                      lower=[start] if start is not None else None, upper=end,
                                      sort_nullable=shape.sort_nullable)
-    col = {c: sql.SQL("p.{}").format(sql.Identifier(_escape(c))) for c in (*shape.keyset, *shape.primary_key)}
+    col = {c: sql.SQL("p.{}").format(sql.Identifier(escape_percent(c))) for c in (*shape.keyset, *shape.primary_key)}
     record: sql.Composable = sql.SQL("to_jsonb(p)")
     if shape.has_json:
         record = sql.SQL("regexp_replace(to_json(p)::text, {}, {}, 'g')::jsonb").format(_NUL_ESCAPE, _ESCAPED_NUL)

@@ -30,6 +30,7 @@ from psycopg import sql
 
 from cdc_pipeline.backfill import watermark
 from cdc_pipeline.backfill.watermark import WATERMARK_PREFIX, Snapshot, page_token
+from cdc_pipeline.postgres.compose import execute
 
 if TYPE_CHECKING:
     from cdc_pipeline.config import PipelineConfig
@@ -60,7 +61,7 @@ class Reconciler:
             log.warning("ignoring a malformed backfill watermark: %r", bytes(message.content)[:200])
             return 0
         if mark.kind == "low":
-            conn.execute(sql.SQL(
+            execute(conn, sql.SQL(
                 "INSERT INTO {}.backfill_low_watermarks (backfill_id, page_no, commit_lsn, commit_idx) "
                 "VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING").format(self.s),
                 (mark.backfill_id, mark.page, commit_lsn, commit_idx))
@@ -70,7 +71,7 @@ class Reconciler:
     def _shape(self, conn: psycopg.Connection, backfill_id: str) -> _Shape | None:
         shape = self._shapes.get(backfill_id)
         if shape is None:
-            row = conn.execute(sql.SQL("SELECT table_schema, table_name, primary_key FROM {}.backfills WHERE id = %s")
+            row = execute(conn, sql.SQL("SELECT table_schema, table_name, primary_key FROM {}.backfills WHERE id = %s")
                                .format(self.s), (backfill_id,)).fetchone()
             if row is None:
                 return None
@@ -78,7 +79,7 @@ class Reconciler:
         return shape
 
     def _reconcile(self, mark: watermark.Watermark, lsn: int, idx: int, conn: psycopg.Connection) -> int:
-        row = conn.execute(sql.SQL(
+        row = execute(conn, sql.SQL(
             "SELECT p.snapshot, p.read_at, p.rows, p.cursor, p.last, b.status, w.commit_lsn, w.commit_idx "
             "FROM {s}.backfill_pages p JOIN {s}.backfills b ON b.id = p.backfill_id "
             "LEFT JOIN {s}.backfill_low_watermarks w ON w.backfill_id = p.backfill_id AND w.page_no = p.page_no "
@@ -105,11 +106,11 @@ class Reconciler:
         inserted = self._insert_reads(conn, shape, mark, (lsn, idx), (int(low_lsn), int(low_idx)), exact, ranges,
                                       read_at)
         dropped = int(rows) - inserted
-        conn.execute(sql.SQL(
+        execute(conn, sql.SQL(
             "UPDATE {}.backfill_pages SET status = 'reconciled', dropped = %s, high_lsn = %s, high_idx = %s, "
             "reconciled_at = now() WHERE backfill_id = %s AND page_no = %s").format(self.s),
             (dropped, lsn, idx, mark.backfill_id, mark.page))
-        conn.execute(sql.SQL(
+        execute(conn, sql.SQL(
             "UPDATE {}.backfills SET cursor = coalesce(%s, cursor), pages = pages + 1, rows_read = rows_read + %s, "
             "rows_dropped = rows_dropped + %s, checkpoint_at = now(), updated_at = now(), "
             "status = CASE WHEN %s THEN 'completed' ELSE status END, "
@@ -166,7 +167,7 @@ class Reconciler:
             "  RETURNING 1"
             ") SELECT count(*) FROM ins"
         ).format(s=self.s, unseen=unseen_sql, old_pk=old_pk)
-        row = conn.execute(query, params).fetchone()
+        row = execute(conn, query, params).fetchone()
         return int(row[0]) if row else 0
 
 

@@ -19,6 +19,7 @@ import psycopg
 from psycopg import sql
 
 from cdc_pipeline.postgres.catalog import ColumnInfo, TableInfo, describe_table
+from cdc_pipeline.postgres.compose import execute
 from cdc_pipeline.postgres.keyset import parse_qualified
 from cdc_pipeline.sinks.base import OutboundMessage, Sink, SinkUnavailable
 
@@ -153,7 +154,7 @@ class PostgresSink(Sink):
                 "CREATE TABLE IF NOT EXISTS {} (idempotency_key text PRIMARY KEY, commit_lsn bigint NOT NULL, "
                 "commit_idx integer NOT NULL, table_schema text, table_name text, action text, "
                 "message jsonb NOT NULL, delivered_at timestamptz NOT NULL DEFAULT now())").format(ident))
-            self.conn.execute(sql.SQL(
+            execute(self.conn, sql.SQL(
                 "INSERT INTO {} (idempotency_key, commit_lsn, commit_idx, table_schema, table_name, action, message) "
                 "SELECT lsn || ':' || idx, lsn, idx, msg->'metadata'->>'table_schema', "
                 "msg->'metadata'->>'table_name', msg->>'action', msg FROM _cdc_stage "
@@ -265,7 +266,7 @@ class PostgresSink(Sink):
             + "WHEN NOT MATCHED AND s._cdc_kind = 'upsert' THEN INSERT ({cols}) VALUES ({values})"
         ).format(t=ident, on=on, assign=assign, cols=col_list, values=values)
         for layer in range(1, layers + 1):
-            conn.execute(merge, (layer,))
+            execute(conn, merge, (layer,))
 
 
 def _column_type(column: ColumnInfo) -> sql.Composable:
