@@ -15,7 +15,9 @@ from cdc_pipeline.config import ConfigError, PipelineConfig, load_config, redact
 
 
 def _config(args: argparse.Namespace) -> PipelineConfig:
-    return load_config(args.config)
+    config = load_config(args.config)
+    config.check_dsns()
+    return config
 
 
 def cmd_check(args: argparse.Namespace) -> int:

@@ -11,6 +11,7 @@ from pydantic import (
 from cdc_pipeline.config.base import (
     ENV_NAME_RE,
     HEADER_NAME_RE,
+    Dsn,
     StrictModel,
     qualify,
     string_map,
@@ -21,7 +22,7 @@ from cdc_pipeline.config.errors import Loc, fail
 
 class PostgresDestination(StrictModel):
     type: Literal["postgres"] = "postgres"
-    dsn: str = Field(min_length=1)
+    dsn: Dsn = Field(min_length=1)
     table: str
     mode: Literal["mirror", "append"] = "mirror"
 

@@ -17,7 +17,9 @@ class CdcConfigResource(ConfigurableResource):
     config_path: str
 
     def load(self) -> PipelineConfig:
-        return load_config(self.config_path)
+        config = load_config(self.config_path)
+        config.check_dsns()
+        return config
 
 
 class SinksResource(ConfigurableResource):

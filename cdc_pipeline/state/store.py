@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 from psycopg import sql
 
+from cdc_pipeline.config.errors import redact
 from cdc_pipeline.postgres.catalog import ColumnInfo, TableInfo
 
 Position = tuple[int, int]
@@ -181,7 +182,7 @@ class Store:
             "ON CONFLICT (sink, commit_lsn, commit_idx) DO UPDATE SET attempts = excluded.attempts, "
             "last_error = excluded.last_error, next_attempt_at = excluded.next_attempt_at, status = 'parked'")
             .format(self.s),
-            [(sink, p[0], p[1], g, a, e, d) for (p, g, e, a), d in zip(items, delay_ms, strict=True)])
+            [(sink, p[0], p[1], g, a, redact(e), d) for (p, g, e, a), d in zip(items, delay_ms, strict=True)])
 
     def due_retries(self, conn: psycopg.Connection, sink: str, limit: int) -> list[tuple[Position, str | None, int]]:
         """Parked messages of groups whose head is due, in log order: (position, group, attempts)."""
@@ -204,7 +205,7 @@ class Store:
     def discard(self, conn: psycopg.Connection, sink: str, position: Position, error: str) -> None:
         conn.execute(sql.SQL(
             "UPDATE {}.failed_messages SET status = 'discarded', last_error = %s WHERE sink = %s "
-            "AND commit_lsn = %s AND commit_idx = %s").format(self.s), (error, sink, position[0], position[1]))
+            "AND commit_lsn = %s AND commit_idx = %s").format(self.s), (redact(error), sink, position[0], position[1]))
         conn.execute(sql.SQL("UPDATE {}.sink_offsets SET discarded = discarded + 1 WHERE sink = %s")
                      .format(self.s), (sink,))
 
@@ -224,7 +225,9 @@ class Store:
             "ORDER BY sink, commit_lsn, commit_idx").format(self.s), (sink, sink)).fetchall()
         keys = ("sink", "commit_lsn", "commit_idx", "group_key", "status", "attempts", "last_error",
                 "first_failed_at", "next_attempt_at")
-        return [{**dict(zip(keys, r, strict=True)), "id": f"{r[1]}:{r[2]}"} for r in rows]
+        # Masked again on the way out: an error stored by an older version may still hold a secret.
+        return [{**dict(zip(keys, r, strict=True)), "last_error": redact(r[6]) if r[6] else r[6], "id": f"{r[1]}:{r[2]}"}
+                for r in rows]
 
     def retry_now(self, conn: psycopg.Connection, sink: str | None, position: Position | None) -> int:
         """Make parked (or discarded) messages due now; None position = all of the sink(s)."""
