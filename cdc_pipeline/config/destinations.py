@@ -13,6 +13,7 @@ from cdc_pipeline.config.base import (
     HEADER_NAME_RE,
     Dsn,
     StrictModel,
+    identifier,
     qualify,
     string_map,
     url_with_scheme,
@@ -25,6 +26,13 @@ class PostgresDestination(StrictModel):
     dsn: Dsn = Field(min_length=1)
     table: str
     mode: Literal["mirror", "append"] = "mirror"
+    # Schemas a data-driven `route` may name (None: any). A route elsewhere parks its message.
+    route_schemas: list[str] | None = Field(default=None, min_length=1)
+
+    @field_validator("route_schemas")
+    @classmethod
+    def _check_route_schemas(cls, value: list[str] | None) -> list[str] | None:
+        return None if value is None else [identifier(v) for v in value]
 
     @field_validator("table")
     @classmethod

@@ -22,6 +22,7 @@ from cdc_pipeline.postgres.catalog import ColumnInfo, TableInfo, describe_table
 from cdc_pipeline.postgres.compose import execute
 from cdc_pipeline.postgres.keyset import parse_qualified
 from cdc_pipeline.sinks.base import OutboundMessage, Sink, SinkUnavailable
+from cdc_pipeline.sinks.routes import route_problem
 
 OFFSETS_SCHEMA = "cdc_pipeline_sink"
 FIRST_USER_OID = 16384  # types above this (enums, domains, composites) may not exist in the destination
@@ -76,6 +77,8 @@ class PostgresSink(Sink):
             return []
         try:
             try:
+                if any(self._route_problem(m) for m in batch):
+                    return self._apply_one_by_one(batch)
                 self._apply(batch)
                 return [None] * len(batch)
             except psycopg.Error as exc:
@@ -96,6 +99,13 @@ class PostgresSink(Sink):
         for m in batch:
             if m.group is not None and m.group in failed:
                 results.append("held behind an earlier failed message of its group")
+                continue
+            problem = self._route_problem(m)
+            if problem is not None:
+                results.append(problem)
+                failed_any = True
+                if m.group is not None:
+                    failed.add(m.group)
                 continue
             try:
                 with self.conn.transaction():
@@ -141,6 +151,9 @@ class PostgresSink(Sink):
             "ON CONFLICT (sink) DO UPDATE SET commit_lsn = excluded.commit_lsn, commit_idx = excluded.commit_idx, "
             "updated_at = now() WHERE (o.commit_lsn, o.commit_idx) < (excluded.commit_lsn, excluded.commit_idx)"
         ).format(sql.Identifier(OFFSETS_SCHEMA)), (self.name, last[0], last[1]))
+
+    def _route_problem(self, m: OutboundMessage) -> str | None:
+        return route_problem(m.route, getattr(self.dest, "route_schemas", None)) if self.mode == "append" else None
 
     # -- append -----------------------------------------------------------------------------------
     def _append(self) -> None:
