@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import psycopg
 from psycopg import sql
@@ -85,15 +85,17 @@ def parse_cursor(text: str | None) -> list[str] | None:
     return None if text is None else [str(v) for v in json.loads(text)]
 
 
-def emit(src: psycopg.Connection, mark: Watermark) -> None:
-    if mark.kind == "low":
-        src.execute("SELECT pg_logical_emit_message(true, %s, %s)", (WATERMARK_PREFIX, mark.encode()))
-    else:
-        # The high watermark carries its own xid: assigned after the page's snapshot, it bounds the
-        # transactions the snapshot may have missed (watermark.Snapshot.unseen).
-        src.execute("SELECT pg_logical_emit_message(true, %s, json_build_object('id', %s::text, 'page', "
-                    "%s::int, 'kind', 'high', 'xid', pg_current_xact_id()::text, 'token', %s::text)::text)",
-                    (WATERMARK_PREFIX, mark.backfill_id, mark.page, mark.token))
+def emit(src: psycopg.Connection, mark: Watermark, key: str) -> None:
+    """Emit a watermark signed with the backfill's key (``mac_key``), as a transactional message."""
+    with src.transaction():
+        if mark.kind == "high":
+            # The high watermark carries its own transaction's xid: assigned after the page's snapshot, it
+            # bounds the transactions the snapshot may have missed (watermark.Snapshot.unseen). Taken in the
+            # same transaction as the message, so the signed content holds it.
+            row = src.execute("SELECT pg_current_xact_id()::text").fetchone()
+            assert row is not None
+            mark = replace(mark, xid=int(row[0]))
+        src.execute("SELECT pg_logical_emit_message(true, %s, %s)", (WATERMARK_PREFIX, mark.encode(key)))
 
 
 @dataclass(frozen=True)

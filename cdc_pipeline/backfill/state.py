@@ -259,6 +259,14 @@ class BackfillStore:
                      (error, backfill_id))
 
     # -- reading ----------------------------------------------------------------------------------
+    def mac_key(self, conn: psycopg.Connection, backfill_id: str) -> str:
+        """The key that signs this backfill's watermarks (never shown: not in BackfillInfo or metadata)."""
+        row = conn.execute(sql.SQL("SELECT mac_key FROM {}.backfills WHERE id = %s").format(self.s),
+                           (backfill_id,)).fetchone()
+        if row is None:
+            raise BackfillError(f"backfill {backfill_id} vanished from the state database")
+        return str(row[0])
+
     def status(self, conn: psycopg.Connection, backfill_id: str) -> str:
         row = conn.execute(sql.SQL("SELECT status FROM {}.backfills WHERE id = %s").format(self.s),
                            (backfill_id,)).fetchone()

@@ -12,6 +12,10 @@ inside the drain's open state transaction, with every change before the message 
   watermark's position, and checkpoint the backfill, all in the drain's transaction: a drain crash
   replays the whole thing, and a page is reconciled once (a second high watermark for it is a no-op).
 
+Only authenticated watermarks count: any role that can log in to the source may emit a message with the
+prefix, so each carries an HMAC of its fields under the backfill's own key (``backfills.mac_key``, kept in
+the state database), and a non-transactional one is ignored (ours never are).
+
 Why this gives no stale reads: a read enters the log at its high watermark. Every change the read
 does not reflect either comes after the high watermark in the log (fine: it is delivered after the
 read) or is one of the changes above (the read is dropped; the change represents the row). The
@@ -60,6 +64,18 @@ class Reconciler:
         if mark is None:
             log.warning("ignoring a malformed backfill watermark: %r", bytes(message.content)[:200])
             return 0
+        if not message.transactional:
+            # Ours are always transactional; a non-transactional one has no place in the log's order.
+            log.warning("ignoring a non-transactional backfill watermark (backfill %s page %s)",
+                        mark.backfill_id, mark.page)
+            return 0
+        key = self._key(conn, mark.backfill_id)
+        if key is None or not watermark.verify(message.content, mark, key):
+            # Any role that can log in to the source may emit a message with our prefix: only one signed
+            # with the backfill's key (kept in the state database) is acted on.
+            log.warning("ignoring an unauthenticated backfill watermark (backfill %r page %s)",
+                        mark.backfill_id[:80], mark.page)
+            return 0
         if mark.kind == "low":
             execute(conn, sql.SQL(
                 "INSERT INTO {}.backfill_low_watermarks (backfill_id, page_no, commit_lsn, commit_idx) "
@@ -67,6 +83,11 @@ class Reconciler:
                 (mark.backfill_id, mark.page, commit_lsn, commit_idx))
             return 0
         return self._reconcile(mark, commit_lsn, commit_idx, conn)
+
+    def _key(self, conn: psycopg.Connection, backfill_id: str) -> str | None:
+        row = execute(conn, sql.SQL("SELECT mac_key FROM {}.backfills WHERE id = %s").format(self.s),
+                      (backfill_id,)).fetchone()
+        return str(row[0]) if row else None
 
     def _shape(self, conn: psycopg.Connection, backfill_id: str) -> _Shape | None:
         shape = self._shapes.get(backfill_id)

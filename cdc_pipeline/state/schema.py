@@ -141,6 +141,13 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX change_log_xid ON {s}.change_log (xid) WHERE xid IS NOT NULL;
     """,
+    # Per-backfill key that authenticates its watermarks (backfill/watermark.py): any role that can log in
+    # to the source can emit a logical message, only the pipeline can read this. gen_random_uuid draws
+    # from the server's strong random source; volatile, so every existing row gets its own key.
+    """
+    ALTER TABLE {s}.backfills ADD COLUMN mac_key text NOT NULL
+        DEFAULT replace(gen_random_uuid()::text || gen_random_uuid()::text, '-', '');
+    """,
 ]
 
 
