@@ -102,6 +102,8 @@ class DrainConfig(StrictModel):
 
 class DeliveryConfig(StrictModel):
     batch_size: int = Field(default=20000, gt=0)
+    # A batch also ends once its messages hold this many bytes of JSON (very large rows).
+    batch_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
     # How often a long-running delivery polls an idle log: bounds the delivery part of the latency.
     idle_seconds: float = Field(default=0.25, gt=0)
     lag_trigger_messages: int = Field(default=1, ge=1)

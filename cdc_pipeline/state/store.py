@@ -66,14 +66,27 @@ class Store:
 
     # -- the log ----------------------------------------------------------------------------------
     def load_batch(self, conn: psycopg.Connection, tables: Sequence[str], after: Position, limit: int,
-                   sink: str | None = None) -> pa.Table:
-        query = sql.SQL(_SELECT + "WHERE (commit_lsn, commit_idx) > (%s, %s) "
-                        "AND table_schema || '.' || table_name = ANY(%s) {routing}"
-                        "ORDER BY commit_lsn, commit_idx LIMIT %s").format(self.s, routing=self._routing(sink))
+                   sink: str | None = None, max_bytes: int | None = None) -> pa.Table:
+        """Up to ``limit`` messages after ``after``; with ``max_bytes``, also stop once the messages so far
+        hold that many bytes of record and changes JSON (always at least one message)."""
+        where = sql.SQL("WHERE (commit_lsn, commit_idx) > (%s, %s) AND table_schema || '.' || table_name = ANY(%s) "
+                        "{routing}ORDER BY commit_lsn, commit_idx LIMIT %s").format(routing=self._routing(sink))
+        params: tuple[object, ...] = (after[0], after[1], list(tables), *_sink(sink), limit)
+        if max_bytes is None:
+            query: sql.Composable = sql.SQL(_SELECT).format(self.s) + where
+        else:
+            # Sizes first (no JSON text for rows past the cap), the running total decides, then the text.
+            query = sql.SQL(_SELECT.replace("{}.change_log", "(")).format() + sql.SQL(
+                "SELECT l.*, sum(octet_length(l.record::text) + coalesce(octet_length(l.changes::text), 0)) "
+                "OVER (ORDER BY l.commit_lsn, l.commit_idx ROWS UNBOUNDED PRECEDING) AS _total, "
+                "octet_length(l.record::text) + coalesce(octet_length(l.changes::text), 0) AS _bytes "
+                "FROM (SELECT * FROM {}.change_log ").format(self.s) + where + sql.SQL(
+                ") l) b WHERE b._total - b._bytes < %s ORDER BY commit_lsn, commit_idx")
+            params = (*params, max_bytes)
         # The log's primary key already gives this order: without the hint the planner underestimates
         # how many rows match the table filter and sorts every row after the offset to keep `limit`.
         conn.execute("SET LOCAL enable_sort = off")
-        return _copy_arrow(conn, query, (after[0], after[1], list(tables), *_sink(sink), limit))
+        return _copy_arrow(conn, query, params)
 
     def load_positions(self, conn: psycopg.Connection, positions: Sequence[Position]) -> pa.Table:
         query = sql.SQL(_SELECT + "WHERE (commit_lsn, commit_idx) IN (SELECT * FROM unnest(%s::bigint[], %s::int[])) "
