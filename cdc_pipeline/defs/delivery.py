@@ -30,12 +30,11 @@ from dagster import (
     in_process_executor,
     sensor,
 )
-from dagster_pyspark import PySparkResource
 
 from cdc_pipeline.config import PipelineConfig, SinkConfig
 from cdc_pipeline.config.errors import describe_error
 from cdc_pipeline.defs.health import sink_check_specs, sink_checks, sink_figures
-from cdc_pipeline.defs.resources import CdcConfigResource, SinksResource
+from cdc_pipeline.defs.resources import CdcConfigResource, SinksResource, SparkResource
 from cdc_pipeline.defs.runs import AFTER_TAG, KIND_TAG, NO_RUN_RETRIES, next_run, wait_for_predecessor
 from cdc_pipeline.defs.streaming import stream_while
 from cdc_pipeline.delivery.engine import Deliverer, DeliveryStats
@@ -69,7 +68,7 @@ def build_sink_asset(sink: SinkConfig, key: AssetKey, deps: list[AssetKey], meta
         check_specs=sink_check_specs(key), tags={KIND_TAG: "delivery"},
     )
     def _deliver(context: AssetExecutionContext, config: DeliveryRunConfig, cdc: CdcConfigResource,
-                 pyspark: PySparkResource, sinks: SinksResource) -> Iterator[Any]:
+                 pyspark: SparkResource, sinks: SinksResource) -> Iterator[Any]:
         pipeline = cdc.load()
         wait_for_predecessor(context, context.log)  # a successor: Spark is warm, take over without a gap
         sink_config = pipeline.sink(sink.name)
