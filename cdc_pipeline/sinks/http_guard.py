@@ -10,6 +10,8 @@ hook (a new connection) or the response's network stream (a reused one, once hea
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import socket
 import threading
 import time
@@ -82,6 +84,18 @@ def post_bounded(client: httpx.Client, url: str, body: bytes, headers: dict[str,
         raise
     finally:
         timer.cancel()
+
+
+TIMESTAMP_HEADER = "X-CDC-Timestamp"
+
+
+def timestamped_signature(secret: bytes, body: bytes, signature_header: str,
+                          now: float | None = None) -> dict[str, str]:
+    """Headers that let a receiver refuse a replayed request: the send time, and an HMAC-SHA256 (lower-case
+    hex) of ``<timestamp>.<body>`` in ``<signature_header>-V2``. The body-only signature stays as it was."""
+    timestamp = str(int(time.time() if now is None else now))
+    mac = hmac.new(secret, timestamp.encode() + b"." + body, hashlib.sha256).hexdigest()
+    return {TIMESTAMP_HEADER: timestamp, f"{signature_header}-V2": mac}
 
 
 def secrets_of(url: str, header_values: Iterable[str], extra: Iterable[str] = ()) -> list[str]:

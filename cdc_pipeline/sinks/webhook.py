@@ -2,7 +2,8 @@
 
 * The body is the already-encoded payloads joined with commas: never re-parsed or re-serialised.
 * `hmac_secret_env` names an environment variable; its value signs the exact body bytes
-  (HMAC-SHA256, lower-case hex) in `signature_header`.
+  (HMAC-SHA256, lower-case hex) in `signature_header`, and `<timestamp>.<body>` in
+  `<signature_header>-V2`, with the Unix time in `X-CDC-Timestamp` (so a receiver can refuse replays).
 * A rejected chunk (non-2xx) of more than one message is bisected, halves sent left then right, until
   the rejected messages are isolated, so one poison message does not fail its neighbours. After a
   message fails, its group's later messages are not sent (held back), so a group never overtakes itself.
@@ -38,7 +39,13 @@ from cdc_pipeline.sinks.base import (
     SinkUnavailable,
     safe_endpoint,
 )
-from cdc_pipeline.sinks.http_guard import DeadlineExceeded, mask, post_bounded, secrets_of
+from cdc_pipeline.sinks.http_guard import (
+    DeadlineExceeded,
+    mask,
+    post_bounded,
+    secrets_of,
+    timestamped_signature,
+)
 
 CONCURRENCY = 4
 # The whole endpoint answers for these; bisecting would multiply requests without isolating anything.
@@ -175,6 +182,7 @@ class WebhookSink(Sink):
         headers = {"Content-Type": "application/json", "Accept-Encoding": "identity", **self.extra_headers}
         if self._secret is not None:
             headers[self.signature_header] = hmac.new(self._secret, body, hashlib.sha256).hexdigest()
+            headers.update(timestamped_signature(self._secret, body, self.signature_header))
         where = safe_endpoint(self.url)
         try:
             status, text = post_bounded(self._client, self.url, body, headers, self.timeout_ms / 1000)

@@ -143,3 +143,42 @@ def test_a_trickling_endpoint_is_cut_at_the_total_deadline(server, where) -> Non
         elapsed = time.monotonic() - started
     assert results[0] is not None and results[0].startswith("timeout:"), results[0]
     assert elapsed < 2.0, elapsed
+
+
+def test_timestamped_signature_lets_a_receiver_refuse_replays() -> None:
+    """A real receiver that does what the README asks: verify the HMAC over `<timestamp>.<body>` and refuse a
+    request whose timestamp is old (a captured request replayed later)."""
+    import hashlib
+    import hmac
+
+    from cdc_pipeline_tests.integration.test_sink_webhook import Receiver
+
+    secret = "hmac-s3cret-value"  # what webhook() puts in HOOK_SECRET
+    receiver = Receiver()
+
+    def verify(headers: dict[str, str], body: bytes) -> tuple[int, bytes, float]:
+        ts = headers.get("x-cdc-timestamp", "")
+        expected = hmac.new(secret.encode(), ts.encode() + b"." + body, hashlib.sha256).hexdigest()
+        if not hmac.compare_digest(headers.get("x-cdc-signature-v2", ""), expected):
+            return 400, b"bad signature", 0.0
+        if abs(time.time() - int(ts)) > 300:
+            return 400, b"stale", 0.0
+        # The body-only signature is still sent, unchanged, for receivers that check it.
+        assert headers["x-cdc-signature"] == hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+        return 200, b"{}", 0.0
+
+    receiver.behaviour = verify
+    try:
+        with webhook(receiver.url, hmac_secret_env="HOOK_SECRET") as sink:
+            assert sink.deliver(messages(3, groups=0)) == [None] * 3
+        headers, body, status = receiver.requests[0]
+        assert status == 200
+        # Replaying the captured request later (its timestamp now old, or changed without the secret) fails.
+        import httpx
+
+        old = dict(headers, **{"x-cdc-timestamp": str(int(headers["x-cdc-timestamp"]) - 3600)})
+        replay = httpx.post(receiver.url, content=body, headers={k: v for k, v in old.items()
+                                                                 if k not in ("content-length", "host")})
+        assert replay.status_code == 400
+    finally:
+        receiver.stop()
