@@ -86,6 +86,7 @@ class PostgresSink(Sink):
                     raise
                 assert self.conn is not None
                 self.conn.rollback()
+                self._shapes.clear()  # tables created in the rolled-back transaction are gone
             return self._apply_one_by_one(batch)
         except _TRANSIENT as exc:
             raise SinkUnavailable(f"postgres sink {self.name!r}: {type(exc).__name__}: {exc}") from exc
@@ -118,6 +119,7 @@ class PostgresSink(Sink):
                 if isinstance(exc, _TRANSIENT):
                     raise
                 results.append(f"{type(exc).__name__}: {str(exc).strip()[:500]}")
+                self._shapes.clear()  # as above: a table this message created was rolled back with it
                 failed_any = True
                 if m.group is not None:
                     failed.add(m.group)
@@ -238,7 +240,7 @@ class PostgresSink(Sink):
         pk_json = sql.SQL("jsonb_build_array({})").format(
             sql.SQL(", ").join(sql.SQL("rec -> {}").format(sql.Literal(k)) for k in pk))
         old_pk_json = sql.SQL("jsonb_build_array({})").format(sql.SQL(", ").join(
-            sql.SQL("(s.msg->'record' || coalesce(s.msg->'changes', '{{}}')) -> {}").format(sql.Literal(k))
+            sql.SQL("(s.msg->'record' || coalesce(nullif(s.msg->'changes', 'null'), '{{}}')) -> {}").format(sql.Literal(k))
             for k in pk))
         new_pk_json = sql.SQL("jsonb_build_array({})").format(
             sql.SQL(", ").join(sql.SQL("s.msg->'record' -> {}").format(sql.Literal(k)) for k in pk))
@@ -250,7 +252,7 @@ class PostgresSink(Sink):
         conn.execute(sql.SQL(
             "CREATE TEMP TABLE _cdc_effects ON COMMIT DROP AS "
             "WITH e AS ("
-            "  SELECT s.seq * 2 AS seq, 'delete' AS kind, s.msg->'record' || coalesce(s.msg->'changes', '{{}}') AS rec,"
+            "  SELECT s.seq * 2 AS seq, 'delete' AS kind, s.msg->'record' || coalesce(nullif(s.msg->'changes', 'null'), '{{}}') AS rec,"
             "         true AS full_state"
             "  FROM _cdc_stage s WHERE {where} AND s.msg->>'action' = 'update' AND {old_pk} <> {new_pk}"
             "  UNION ALL"

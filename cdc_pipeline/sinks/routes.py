@@ -26,6 +26,9 @@ def route_problem(route: str | None, allowed_schemas: Sequence[str] | None) -> s
     for part in (schema, table):
         if "\x00" in part or len(part.encode()) > MAX_IDENTIFIER_BYTES:
             return f"invalid route {shown}: each name must be 1-{MAX_IDENTIFIER_BYTES} bytes without NUL"
+    if schema.startswith("pg_") or schema == "information_schema":
+        # pg_temp would "deliver" into a table that vanishes with the session; the others are the catalog's
+        return f"route {shown} names a system schema"
     if allowed_schemas is not None and schema not in allowed_schemas:
         return f"route {shown} is outside the sink's route_schemas ({', '.join(allowed_schemas)})"
     return None
