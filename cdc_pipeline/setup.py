@@ -62,7 +62,9 @@ def check(config: PipelineConfig, sinks: bool = True) -> list[Finding]:
                            + (" once `cdc-pipeline setup` has created what is listed above" if todo else "")))
     if sinks:
         from cdc_pipeline.delivery.validate import validate_sinks  # imports pyspark: only when asked
+        from cdc_pipeline.sink_grants import postgres_sink_findings
 
+        out += postgres_sink_findings(config)
         out += validate_sinks(config, described)
     return out
 

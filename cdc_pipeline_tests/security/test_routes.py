@@ -31,3 +31,28 @@ def test_bad_and_foreign_routes_park_their_message_only(source_db, db_factory, w
     assert errors == ["invalid route 'a.b.c': not a schema.table name",
                       "invalid route 'not a table!': not a schema.table name",
                       "route 'evil.pwn' is outside the sink's route_schemas (out)"]
+
+
+def test_check_reports_a_sink_role_that_cannot_create_its_tables(source_db, db_factory, write_config):
+    from psycopg import conninfo
+
+    from cdc_pipeline.sink_grants import postgres_sink_findings
+
+    dest = db_factory()
+    source_db.execute("CREATE TABLE r (id int PRIMARY KEY)")
+    dest.execute("DROP ROLE IF EXISTS cdc_weak; CREATE ROLE cdc_weak LOGIN PASSWORD 'WeakPw123'")
+    try:
+        dest.execute("CREATE SCHEMA out; REVOKE CREATE ON DATABASE " + dest.name + " FROM PUBLIC")
+        weak = conninfo.make_conninfo(dest.dsn, user="cdc_weak", password="WeakPw123")
+        data = mirror_config(source_db.dsn, weak, ["public.r"])
+        data["sinks"][0]["destination"].update(table="out.r")
+        config = write_config(data)
+        findings = [str(f) for f in postgres_sink_findings(config)]
+        errors = [f for f in findings if "may not create tables" in f]
+        assert any("'out'" in f for f in errors) and any("'cdc_pipeline_sink'" in f for f in errors), findings
+        assert not any("WeakPw123" in f for f in findings)
+        dest.execute("GRANT CREATE, USAGE ON SCHEMA out TO cdc_weak; GRANT CREATE ON DATABASE " + dest.name
+                     + " TO cdc_weak")
+        assert postgres_sink_findings(config) == []
+    finally:
+        dest.execute("DROP OWNED BY cdc_weak; DROP ROLE cdc_weak")
