@@ -75,11 +75,12 @@ class Store:
         if max_bytes is None:
             query: sql.Composable = sql.SQL(_SELECT).format(self.s) + where
         else:
-            # Sizes first (no JSON text for rows past the cap), the running total decides, then the text.
+            # The running total of sizes decides (a truncate has no record: size 0, never NULL, or the
+            # comparison would drop it), then the text.
             query = sql.SQL(_SELECT.replace("{}.change_log", "(")).format() + sql.SQL(
-                "SELECT l.*, sum(octet_length(l.record::text) + coalesce(octet_length(l.changes::text), 0)) "
+                "SELECT l.*, sum(coalesce(octet_length(l.record::text), 0) + coalesce(octet_length(l.changes::text), 0)) "
                 "OVER (ORDER BY l.commit_lsn, l.commit_idx ROWS UNBOUNDED PRECEDING) AS _total, "
-                "octet_length(l.record::text) + coalesce(octet_length(l.changes::text), 0) AS _bytes "
+                "coalesce(octet_length(l.record::text), 0) + coalesce(octet_length(l.changes::text), 0) AS _bytes "
                 "FROM (SELECT * FROM {}.change_log ").format(self.s) + where + sql.SQL(
                 ") l) b WHERE b._total - b._bytes < %s ORDER BY commit_lsn, commit_idx")
             params = (*params, max_bytes)
