@@ -109,3 +109,29 @@ def test_hostile_routes_deliver_exactly_or_park(dest_dsn, route) -> None:
         found = execute(conn, sql.SQL("SELECT message->'record' FROM {} WHERE idempotency_key = %s").format(
             sql.Identifier(schema, name)), (f"{1000 + n}:0",)).fetchall()
     assert found == [({"id": n},)]
+
+
+@settings(max_examples=40, deadline=None)
+@given(route=st.text(_chars, min_size=1, max_size=40))
+def test_hostile_routes_on_a_redis_stream_deliver_exactly_or_park(route) -> None:
+    """The same property on a real Redis: a route is a stream key, any text is one."""
+    import redis
+
+    from cdc_pipeline.config import RedisStreamDestination
+    from cdc_pipeline.sinks import build_sink
+    from cdc_pipeline_tests.integration.test_sinks_brokers import REDIS_URL, sink_config
+
+    key = f"cdc:prop:{next(_counter)}:{route}"
+    batch = [message(1, "t", "insert", {"id": 1}, route=key)]
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        with build_sink(sink_config(RedisStreamDestination(url=REDIS_URL, stream_key="cdc:prop:default"))) as sink:
+            results = sink.deliver(batch)
+        if results[0] is not None:
+            assert results[0].strip()
+            return
+        entries = client.xrange(key.encode())
+        assert [(f[b"key"].decode(), f[b"data"]) for _, f in entries] == [(batch[0].key, batch[0].payload)]
+    finally:
+        client.delete(key.encode(), "cdc:prop:default")
+        client.close()
