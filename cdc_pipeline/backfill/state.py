@@ -21,6 +21,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from cdc_pipeline.backfill.windows import disjoint
+from cdc_pipeline.config.errors import redact
 from cdc_pipeline.postgres import session
 
 ACTIVE = ("running", "paused")
@@ -256,7 +257,7 @@ class BackfillStore:
 
     def record_error(self, conn: psycopg.Connection, backfill_id: str, error: str | None) -> None:
         conn.execute(sql.SQL("UPDATE {}.backfills SET error = %s, updated_at = now() WHERE id = %s").format(self.s),
-                     (error, backfill_id))
+                     (redact(error) if error else error, backfill_id))  # shown by status and Dagster
 
     # -- reading ----------------------------------------------------------------------------------
     def mac_key(self, conn: psycopg.Connection, backfill_id: str) -> str:

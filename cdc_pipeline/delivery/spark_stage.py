@@ -39,7 +39,7 @@ _ARRAY_ELEMENTS: dict[int, int] = {
 
 
 def spark_conf(config: SparkConfig) -> dict[str, str]:
-    """The one Spark configuration, shared by the CLI's session and the Dagster PySparkResource."""
+    """The one Spark configuration, shared by the CLI's session and the Dagster SparkResource."""
     conf = {
         "spark.master": config.master,
         "spark.app.name": "cdc_pipeline",
