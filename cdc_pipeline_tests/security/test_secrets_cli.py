@@ -26,7 +26,8 @@ def _url_with(dsn: str, password: str) -> str:
     return f"postgresql://{p.get('user', 'postgres')}:{password}@/{p['dbname']}?host={host}&port={p.get('port', 5432)}"
 
 
-@pytest.mark.parametrize("verb", [["check"], ["setup"], ["deliver", "--until-idle"], ["status"], ["failed", "list"]])
+@pytest.mark.parametrize("verb", [["check"], ["setup"], ["drain", "--until-idle"], ["deliver", "--until-idle"], ["status"],
+                                  ["failed", "list"]])
 @pytest.mark.parametrize("where", ["source", "sink"])
 @pytest.mark.parametrize("mistake", ["stray_percent", "only_password"])
 def test_mistyped_dsn_never_prints_the_password(source_db, db_factory, tmp_path, verb, where, mistake):
