@@ -1,6 +1,6 @@
 """`cdc-pipeline demo`: the whole pipeline on an embedded PostgreSQL, with the Dagster UI.
 
-Starts a throwaway cluster (wal_level=logical) under /tmp, creates sample tables (orders with a few
+Starts a throwaway cluster (wal_level=logical, password auth) in a private folder, creates sample tables (orders with a few
 days of history) and a small steady write load, writes a cdc.yaml (orders partitioned by day on
 `updated_at`), runs setup, and starts `dagster dev`: its sensors keep a long-lived drain run and a
 long-lived delivery run streaming into a mirror database. In the UI: the lineage (source tables ->
@@ -12,7 +12,11 @@ started on Ctrl-C (or after --seconds).
 from __future__ import annotations
 
 import os
+import pwd
 import random
+import secrets
+import stat
+import tempfile
 import threading
 import time
 from datetime import UTC, datetime, timedelta
@@ -21,12 +25,12 @@ from pathlib import Path
 import psycopg
 import yaml
 
-from cdc_pipeline.config import load_config
+from cdc_pipeline.config import ConfigError, load_config
 from cdc_pipeline.dagster_dev import DagsterDev
 from cdc_pipeline.postgres import embedded
 from cdc_pipeline.setup import setup
 
-DEMO_ROOT = Path(os.environ.get("CDC_DEMO_DIR", "/tmp/cdc_pipeline_demo"))
+DEMO_DIR_ENV = "CDC_DEMO_DIR"
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS customers (id bigint PRIMARY KEY, name text NOT NULL, tier text NOT NULL,
@@ -60,8 +64,35 @@ def _load(dsn: str, stop: threading.Event, per_second: float = 20.0) -> None:
                 conn.execute("DELETE FROM orders WHERE id = (SELECT min(id) FROM orders)")
 
 
-def prepare() -> tuple[embedded.EmbeddedPostgres, Path]:
-    cluster = embedded.create(DEMO_ROOT / "pg")
+def demo_root() -> Path:
+    """A private folder for the demo: $CDC_DEMO_DIR if it is one (a real folder, ours, closed to group and
+    others; it is reused), else a fresh mkdtemp (mode 0700). Never a fixed name under the shared temp
+    folder, which another local user could prepare (symlinks, a planted cluster) before us."""
+    given = os.environ.get(DEMO_DIR_ENV)
+    owner = pwd.getpwnam("postgres").pw_uid if os.geteuid() == 0 else os.geteuid()
+    if not given:
+        root = Path(tempfile.mkdtemp(prefix="cdc_pipeline_demo_"))
+        if os.geteuid() == 0:
+            os.chown(root, owner, -1)  # the cluster runs as postgres; root reads it anyway
+        return root
+    root = Path(given)
+    if not root.exists():
+        root.mkdir(mode=0o700, parents=True)
+        if os.geteuid() == 0:
+            os.chown(root, owner, -1)
+    st = os.lstat(root)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise ConfigError(f"{DEMO_DIR_ENV}={root}: not a folder (symlinks are refused)")
+    if st.st_uid not in (owner, os.geteuid()):
+        raise ConfigError(f"{DEMO_DIR_ENV}={root}: owned by another user (uid {st.st_uid}); refusing to use it")
+    if st.st_mode & 0o077:
+        raise ConfigError(f"{DEMO_DIR_ENV}={root}: open to other users (mode {stat.S_IMODE(st.st_mode):o}); "
+                          "use a folder with mode 0700")
+    return root
+
+
+def prepare(root: Path) -> tuple[embedded.EmbeddedPostgres, Path]:
+    cluster = embedded.create(root / "pg", password=secrets.token_urlsafe(24))
     if not cluster.is_running():
         cluster.start()
     for db in ("demo", "demo_mirror", "dagster"):
@@ -79,23 +110,27 @@ def prepare() -> tuple[embedded.EmbeddedPostgres, Path]:
                    "destination": {"type": "postgres", "dsn": cluster.dsn("demo_mirror"),
                                    "table": "mirror.{table}", "mode": "mirror"}}],
     }
-    path = DEMO_ROOT / "cdc.yaml"
-    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    path = root / "cdc.yaml"  # holds the DSNs with the password: readable by us only
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(yaml.safe_dump(cfg, sort_keys=False))
     for line in setup(load_config(path)):
         print(f"setup: {line}")
     return cluster, path
 
 
 def run_demo(port: int = 3000, seconds: float | None = None, ui: bool = True) -> int:
-    cluster, config_path = prepare()
+    root = demo_root()
+    cluster, config_path = prepare(root)
     stop = threading.Event()
     loader = threading.Thread(target=_load, args=(cluster.dsn("demo"), stop), daemon=True)
     loader.start()
-    dev = DagsterDev(DEMO_ROOT / "dagster_home", config_path, cluster.dsn("dagster"), port=port, log=None)
+    dev = DagsterDev(root / "dagster_home", config_path, cluster.dsn("dagster"), port=port, log=None)
     try:
         if ui:
             dev.start()  # default signal handling in the child, its own process group: stopped by its id
-            print(GUIDE.format(port=port, config=config_path, mirror=cluster.dsn("demo_mirror")), flush=True)
+            mirror = cluster.dsn("demo_mirror").replace(f" password={cluster.password}", "")
+            print(GUIDE.format(port=port, config=config_path, mirror=mirror, pw=cluster.root / "password"), flush=True)
         else:
             _pipeline_loop(config_path, stop)
         deadline = None if seconds is None else time.monotonic() + seconds
@@ -123,7 +158,7 @@ Dagster UI: http://127.0.0.1:{port}   (Ctrl-C stops the demo)
              last {days} days have history) > Launch. Progress is in the run's logs; rows reach the mirror
              as read messages without stale reads.
 config: {config}
-mirror: {mirror}  (psql "{mirror}" -c 'select count(*) from mirror.orders')
+mirror: {mirror}  (PGPASSWORD=$(cat {pw}) psql "{mirror}" -c 'select count(*) from mirror.orders')
 """.replace("{days}", str(HISTORY_DAYS))
 
 

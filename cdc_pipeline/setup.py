@@ -23,7 +23,7 @@ def check(config: PipelineConfig, sinks: bool = True) -> list[Finding]:
     described: dict[str, catalog.TableInfo] = {}
     try:
         conn = psycopg.connect(config.source.dsn, autocommit=True, connect_timeout=10)
-    except psycopg.OperationalError as exc:
+    except psycopg.Error as exc:  # a parse error (ProgrammingError) quotes the DSN too: redacted below
         return [Finding("error", "source", f"cannot connect: {redact(str(exc)).strip()}")]
     with conn:
         wal_level = catalog.setting(conn, "wal_level")
@@ -62,7 +62,9 @@ def check(config: PipelineConfig, sinks: bool = True) -> list[Finding]:
                            + (" once `cdc-pipeline setup` has created what is listed above" if todo else "")))
     if sinks:
         from cdc_pipeline.delivery.validate import validate_sinks  # imports pyspark: only when asked
+        from cdc_pipeline.sink_grants import postgres_sink_findings
 
+        out += postgres_sink_findings(config)
         out += validate_sinks(config, described)
     return out
 
@@ -153,7 +155,7 @@ def _state_findings(config: PipelineConfig) -> list[Finding]:
     schema = config.state.schema_name
     try:
         state = psycopg.connect(config.state_dsn, autocommit=True, connect_timeout=10)
-    except psycopg.OperationalError as exc:
+    except psycopg.Error as exc:  # a parse error (ProgrammingError) quotes the DSN too: redacted below
         return [Finding("error", "state", f"cannot connect: {redact(str(exc)).strip()}")]
     with state:
         pending = pending_migrations(state, schema)
@@ -194,7 +196,7 @@ def setup(config: PipelineConfig) -> list[str]:
     # by a failed setup would hold WAL on the source for good.
     try:
         state = psycopg.connect(config.state_dsn, connect_timeout=10)
-    except psycopg.OperationalError as exc:
+    except psycopg.Error as exc:  # a parse error (ProgrammingError) quotes the DSN too: redacted below
         raise SetupError(f"ERROR   state: cannot connect: {redact(str(exc)).strip()}") from exc
     with state, psycopg.connect(config.source.dsn, autocommit=True) as conn:
         pub = config.source.publication

@@ -134,10 +134,12 @@ class Backfiller:
              started: float) -> None:
         bid = progress.backfill_id
         cfg = self.config.backfill
+        key = self.store.mac_key(state, bid)
         pages = self.store.pages(state, bid)
         for page in pages:
             if page["status"] == "staged":  # see the module docstring
-                emit(src, Watermark(bid, page["page_no"], "high", token=page_token(page["snapshot"], page["read_at"])))
+                emit(src, Watermark(bid, page["page_no"], "high", token=page_token(page["snapshot"], page["read_at"])),
+                     key)
         last = pages[-1] if pages else None
         next_page = last["page_no"] + 1 if last else 0
         cursor: list[str] | None = list(last["cursor"]) if last and last["cursor"] is not None else None
@@ -172,7 +174,7 @@ class Backfiller:
                 continue
             self.flow.pages.count_attempt(state, bid)
             progress.page_attempts_this_run += 1
-            emit(src, Watermark(bid, next_page, "low"))
+            emit(src, Watermark(bid, next_page, "low"), key)
             while True:
                 size = optimizer.size
                 try:
@@ -183,7 +185,7 @@ class Backfiller:
                     optimizer = optimizer.observe_timeout(size)
                     log.info("backfill %s page %s: select of %s rows exceeded %s ms; next try %s rows",
                              bid, next_page, size, self.max_query_ms, optimizer.size)
-            emit(src, Watermark(bid, next_page, "high", token=page.token))
+            emit(src, Watermark(bid, next_page, "high", token=page.token), key)
             optimizer = optimizer.observe(size, page.read_ms, page.rows)
             progress.pages_staged += 1
             progress.rows_staged += page.rows

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import psycopg
 from psycopg import sql
@@ -23,6 +23,7 @@ from cdc_pipeline.backfill.request import TableShape
 from cdc_pipeline.backfill.state import BackfillSpec
 from cdc_pipeline.backfill.watermark import WATERMARK_PREFIX, Watermark, page_token
 from cdc_pipeline.postgres import catalog
+from cdc_pipeline.postgres.compose import escape_percent
 from cdc_pipeline.postgres.keyset import count_query, page_query
 from cdc_pipeline.state.backfill_pages import PageStore
 from cdc_pipeline.state.relations import upsert_relation
@@ -33,10 +34,6 @@ COPY_BLOCK = 1 << 20
 # (capture/json_text.py: escape_nul).
 _NUL_ESCAPE = sql.Literal(r"(?<!\\)((?:\\\\)*)\\u0000")
 _ESCAPED_NUL = sql.Literal(r"\1\\\\u0000")
-
-
-def _escape(name: str) -> str:
-    return name.replace("%", "%%")  # see postgres/keyset.py: queries are rendered with % formatting
 
 
 def _render(conn: psycopg.Connection, query: sql.Composable, params: Sequence[object]) -> str:
@@ -55,7 +52,7 @@ def page_sql(conn: psycopg.Connection, shape: TableShape, backfill_id: str, page
     inner, inner_params = page_query(shape.schema, shape.name, None, shape.keyset, after=cursor, limit=limit,
                                      lower=[start] if start is not None else None, upper=end,
                                      sort_nullable=shape.sort_nullable)
-    col = {c: sql.SQL("p.{}").format(sql.Identifier(_escape(c))) for c in (*shape.keyset, *shape.primary_key)}
+    col = {c: sql.SQL("p.{}").format(sql.Identifier(escape_percent(c))) for c in (*shape.keyset, *shape.primary_key)}
     record: sql.Composable = sql.SQL("to_jsonb(p)")
     if shape.has_json:
         record = sql.SQL("regexp_replace(to_json(p)::text, {}, {}, 'g')::jsonb").format(_NUL_ESCAPE, _ESCAPED_NUL)
@@ -100,15 +97,17 @@ def _last_cursor(chunk: bytes, rows: int) -> list[str] | None:
     return parse_cursor(value.decode()) if value is not None else None
 
 
-def emit(src: psycopg.Connection, mark: Watermark) -> None:
-    if mark.kind == "low":
-        src.execute("SELECT pg_logical_emit_message(true, %s, %s)", (WATERMARK_PREFIX, mark.encode()))
-    else:
-        # The high watermark carries its own xid: assigned after the page's snapshot, it bounds the
-        # transactions the snapshot may have missed (watermark.Snapshot.unseen).
-        src.execute("SELECT pg_logical_emit_message(true, %s, json_build_object('id', %s::text, 'page', "
-                    "%s::int, 'kind', 'high', 'xid', pg_current_xact_id()::text, 'token', %s::text)::text)",
-                    (WATERMARK_PREFIX, mark.backfill_id, mark.page, mark.token))
+def emit(src: psycopg.Connection, mark: Watermark, key: str) -> None:
+    """Emit a watermark signed with the backfill's key (``mac_key``), as a transactional message."""
+    with src.transaction():
+        if mark.kind == "high":
+            # The high watermark carries its own transaction's xid: assigned after the page's snapshot, it
+            # bounds the transactions the snapshot may have missed (watermark.Snapshot.unseen). Taken in the
+            # same transaction as the message, so the signed content holds it.
+            row = src.execute("SELECT pg_current_xact_id()::text").fetchone()
+            assert row is not None
+            mark = replace(mark, xid=int(row[0]))
+        src.execute("SELECT pg_logical_emit_message(true, %s, %s)", (WATERMARK_PREFIX, mark.encode(key)))
 
 
 @dataclass(frozen=True)

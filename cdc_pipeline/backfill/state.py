@@ -21,6 +21,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from cdc_pipeline.backfill.windows import disjoint
+from cdc_pipeline.config.errors import redact
 from cdc_pipeline.postgres import session
 
 ACTIVE = ("running", "paused")
@@ -256,9 +257,17 @@ class BackfillStore:
 
     def record_error(self, conn: psycopg.Connection, backfill_id: str, error: str | None) -> None:
         conn.execute(sql.SQL("UPDATE {}.backfills SET error = %s, updated_at = now() WHERE id = %s").format(self.s),
-                     (error, backfill_id))
+                     (redact(error) if error else error, backfill_id))  # shown by status and Dagster
 
     # -- reading ----------------------------------------------------------------------------------
+    def mac_key(self, conn: psycopg.Connection, backfill_id: str) -> str:
+        """The key that signs this backfill's watermarks (never shown: not in BackfillInfo or metadata)."""
+        row = conn.execute(sql.SQL("SELECT mac_key FROM {}.backfills WHERE id = %s").format(self.s),
+                           (backfill_id,)).fetchone()
+        if row is None:
+            raise BackfillError(f"backfill {backfill_id} vanished from the state database")
+        return str(row[0])
+
     def status(self, conn: psycopg.Connection, backfill_id: str) -> str:
         row = conn.execute(sql.SQL("SELECT status FROM {}.backfills WHERE id = %s").format(self.s),
                            (backfill_id,)).fetchone()

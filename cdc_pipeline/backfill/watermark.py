@@ -13,6 +13,7 @@ range split in two where it crosses a wraparound.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 from dataclasses import dataclass
 from datetime import datetime
@@ -35,17 +36,29 @@ class Watermark:
     # lost (a state database restored, or crashed with synchronous_commit off) never seals a re-read
     token: str | None = None
 
-    def encode(self) -> str:
+    def body(self) -> dict[str, object]:
         body: dict[str, object] = {"id": self.backfill_id, "page": self.page, "kind": self.kind}
         if self.xid is not None:
             body["xid"] = str(self.xid)
         if self.token is not None:
             body["token"] = self.token
-        return json.dumps(body, separators=(",", ":"))
+        return body
+
+    def encode(self, key: str) -> str:
+        """The message content: the fields and an HMAC of them under the backfill's key (see ``decode``)."""
+        body = self.body()
+        return json.dumps({**body, "mac": mac(key, body)}, separators=(",", ":"))
+
+
+def mac(key: str, body: dict[str, object]) -> str:
+    """HMAC-SHA256 over the canonical JSON of a watermark's fields (every field: id, page, kind, xid, token)."""
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    return hmac.new(key.encode(), canonical, hashlib.sha256).hexdigest()
 
 
 def decode(content: bytes | str) -> Watermark | None:
-    """The watermark in a logical message's content, or None if it is not one of ours."""
+    """The watermark in a logical message's content, or None if it is not one of ours. Not yet authenticated:
+    check it with ``verify`` and the backfill's key."""
     try:
         body = json.loads(content)
         kind = body["kind"]
@@ -57,6 +70,15 @@ def decode(content: bytes | str) -> Watermark | None:
                          str(token) if token is not None else None)
     except (ValueError, KeyError, TypeError):
         return None
+
+
+def verify(content: bytes | str, mark: Watermark, key: str) -> bool:
+    """Whether ``content`` carries a valid HMAC of exactly ``mark``'s fields under ``key``."""
+    try:
+        given = json.loads(content).get("mac")
+    except (ValueError, AttributeError):
+        return False
+    return isinstance(given, str) and hmac.compare_digest(given, mac(key, mark.body()))
 
 
 def page_token(snapshot: str, read_at: datetime) -> str:

@@ -12,6 +12,10 @@ inside the drain's open state transaction, with every change before the message 
   watermark's position, and checkpoint the backfill, all in the drain's transaction: a drain crash
   replays the whole thing, and a page is reconciled once (a second high watermark for it is a no-op).
 
+Only authenticated watermarks count: any role that can log in to the source may emit a message with the
+prefix, so each carries an HMAC of its fields under the backfill's own key (``backfills.mac_key``, kept in
+the state database), and a non-transactional one is ignored (ours never are).
+
 Why this gives no stale reads: a read enters the log at its high watermark. Every change the read
 does not reflect either comes after the high watermark in the log (fine: it is delivered after the
 read) or is one of the changes above (the read is dropped; the change represents the row). The
@@ -30,6 +34,7 @@ from psycopg import sql
 
 from cdc_pipeline.backfill import watermark
 from cdc_pipeline.backfill.watermark import WATERMARK_PREFIX, Snapshot, page_token
+from cdc_pipeline.postgres.compose import execute
 
 if TYPE_CHECKING:
     from cdc_pipeline.config import PipelineConfig
@@ -59,18 +64,35 @@ class Reconciler:
         if mark is None:
             log.warning("ignoring a malformed backfill watermark: %r", bytes(message.content)[:200])
             return 0
+        if not message.transactional:
+            # Ours are always transactional; a non-transactional one has no place in the log's order.
+            log.warning("ignoring a non-transactional backfill watermark (backfill %s page %s)",
+                        mark.backfill_id, mark.page)
+            return 0
+        key = self._key(conn, mark.backfill_id)
+        if key is None or not watermark.verify(message.content, mark, key):
+            # Any role that can log in to the source may emit a message with our prefix: only one signed
+            # with the backfill's key (kept in the state database) is acted on.
+            log.warning("ignoring an unauthenticated backfill watermark (backfill %r page %s)",
+                        mark.backfill_id[:80], mark.page)
+            return 0
         if mark.kind == "low":
-            conn.execute(sql.SQL(
+            execute(conn, sql.SQL(
                 "INSERT INTO {}.backfill_low_watermarks (backfill_id, page_no, commit_lsn, commit_idx) "
                 "VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING").format(self.s),
                 (mark.backfill_id, mark.page, commit_lsn, commit_idx))
             return 0
         return self._reconcile(mark, commit_lsn, commit_idx, conn)
 
+    def _key(self, conn: psycopg.Connection, backfill_id: str) -> str | None:
+        row = execute(conn, sql.SQL("SELECT mac_key FROM {}.backfills WHERE id = %s").format(self.s),
+                      (backfill_id,)).fetchone()
+        return str(row[0]) if row else None
+
     def _shape(self, conn: psycopg.Connection, backfill_id: str) -> _Shape | None:
         shape = self._shapes.get(backfill_id)
         if shape is None:
-            row = conn.execute(sql.SQL("SELECT table_schema, table_name, primary_key FROM {}.backfills WHERE id = %s")
+            row = execute(conn, sql.SQL("SELECT table_schema, table_name, primary_key FROM {}.backfills WHERE id = %s")
                                .format(self.s), (backfill_id,)).fetchone()
             if row is None:
                 return None
@@ -78,7 +100,7 @@ class Reconciler:
         return shape
 
     def _reconcile(self, mark: watermark.Watermark, lsn: int, idx: int, conn: psycopg.Connection) -> int:
-        row = conn.execute(sql.SQL(
+        row = execute(conn, sql.SQL(
             "SELECT p.snapshot, p.read_at, p.rows, p.cursor, p.last, b.status, w.commit_lsn, w.commit_idx "
             "FROM {s}.backfill_pages p JOIN {s}.backfills b ON b.id = p.backfill_id "
             "LEFT JOIN {s}.backfill_low_watermarks w ON w.backfill_id = p.backfill_id AND w.page_no = p.page_no "
@@ -105,11 +127,11 @@ class Reconciler:
         inserted = self._insert_reads(conn, shape, mark, (lsn, idx), (int(low_lsn), int(low_idx)), exact, ranges,
                                       read_at)
         dropped = int(rows) - inserted
-        conn.execute(sql.SQL(
+        execute(conn, sql.SQL(
             "UPDATE {}.backfill_pages SET status = 'reconciled', dropped = %s, high_lsn = %s, high_idx = %s, "
             "reconciled_at = now() WHERE backfill_id = %s AND page_no = %s").format(self.s),
             (dropped, lsn, idx, mark.backfill_id, mark.page))
-        conn.execute(sql.SQL(
+        execute(conn, sql.SQL(
             "UPDATE {}.backfills SET cursor = coalesce(%s, cursor), pages = pages + 1, rows_read = rows_read + %s, "
             "rows_dropped = rows_dropped + %s, checkpoint_at = now(), updated_at = now(), "
             "status = CASE WHEN %s THEN 'completed' ELSE status END, "
@@ -166,7 +188,7 @@ class Reconciler:
             "  RETURNING 1"
             ") SELECT count(*) FROM ins"
         ).format(s=self.s, unseen=unseen_sql, old_pk=old_pk)
-        row = conn.execute(query, params).fetchone()
+        row = execute(conn, query, params).fetchone()
         return int(row[0]) if row else 0
 
 

@@ -92,8 +92,10 @@ def until_options(what: str) -> Callable[[F], F]:
 
 
 def load(ctx: click.Context) -> PipelineConfig:
-    """The config named by `--config`, else `$CDC_CONFIG`."""
-    return load_config(ctx.ensure_object(Settings).config)
+    """The config named by `--config`, else `$CDC_CONFIG`, its DSNs checked (a fixed message, never a secret)."""
+    config = load_config(ctx.ensure_object(Settings).config)
+    config.check_dsns()
+    return config
 
 
 def examples(*lines: str) -> str:

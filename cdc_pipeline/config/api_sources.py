@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from cdc_pipeline.config.base import ENV_NAME_RE, SINK_NAME_RE, StrictModel, identifier, qualify
+from cdc_pipeline.config.base import ENV_NAME_RE, SINK_NAME_RE, Dsn, StrictModel, identifier, qualify
 from cdc_pipeline.config.errors import Loc, fail
 
 # Postgres types a selected field may be stored as (typed column next to the whole record as jsonb).
@@ -125,7 +125,7 @@ class ApiSourceConfig(StrictModel):
     base_url: str
     auth: Auth | None = None
     rate_limit: RateLimitConfig
-    dsn: str | None = Field(default=None, min_length=1)  # destination database; default the source's
+    dsn: Dsn | None = Field(default=None, min_length=1)  # destination database; default the source's
     collections: list[ApiCollectionConfig] = Field(min_length=1)
     # How often deletes are looked for where the API only exposes them by absence (rest: full id sweep)
     # or in a separate listing (hubspot: archived objects).

@@ -2,10 +2,11 @@
 
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import urlsplit
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
 )
@@ -44,6 +45,31 @@ def url_with_scheme(value: str, schemes: tuple[str, ...]) -> str:
     return value
 
 
+DSN_MESSAGE = ("is not a valid PostgreSQL connection string (a URL like postgresql://USER@HOST:PORT/DB with '%' and "
+               "other reserved characters of the password percent-encoded, or key=value pairs); the value is not "
+               "shown because it may hold a password")
+
+
+def dsn_parses(value: str) -> bool:
+    from psycopg import conninfo  # the parser libpq itself uses
+
+    try:
+        conninfo.conninfo_to_dict(value)
+    except Exception:
+        return False
+    return True
+
+
+def dsn(value: str) -> str:
+    """Parse the DSN the way libpq will, so a mistyped one fails at load with a message that never echoes it
+    (libpq's own messages quote the offending token, which is often the password). A bare word (no ``=``
+    nor ``://``) passes here, as a placeholder in configs that are only parsed; the commands that connect
+    reject it first (`PipelineConfig.check_dsns`)."""
+    if ("=" in value or "://" in value) and not dsn_parses(value):
+        raise ValueError(DSN_MESSAGE)
+    return value
+
+
 def string_map(value: Any) -> Any:
     """Coerce scalar mapping values to strings (YAML reads `4` as int and `true` as bool)."""
     if not isinstance(value, Mapping):
@@ -62,3 +88,7 @@ class StrictModel(BaseModel):
     # hide_input_in_errors: a ValidationError printed by code that builds models directly must not
     # leak DSNs either.
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, hide_input_in_errors=True)
+
+
+# A PostgreSQL connection string, checked at load (see `dsn`).
+Dsn = Annotated[str, AfterValidator(dsn)]

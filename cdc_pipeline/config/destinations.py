@@ -11,7 +11,9 @@ from pydantic import (
 from cdc_pipeline.config.base import (
     ENV_NAME_RE,
     HEADER_NAME_RE,
+    Dsn,
     StrictModel,
+    identifier,
     qualify,
     string_map,
     url_with_scheme,
@@ -21,9 +23,16 @@ from cdc_pipeline.config.errors import Loc, fail
 
 class PostgresDestination(StrictModel):
     type: Literal["postgres"] = "postgres"
-    dsn: str = Field(min_length=1)
+    dsn: Dsn = Field(min_length=1)
     table: str
     mode: Literal["mirror", "append"] = "mirror"
+    # Schemas a data-driven `route` may name (None: any). A route elsewhere parks its message.
+    route_schemas: list[str] | None = Field(default=None, min_length=1)
+
+    @field_validator("route_schemas")
+    @classmethod
+    def _check_route_schemas(cls, value: list[str] | None) -> list[str] | None:
+        return None if value is None else [identifier(v) for v in value]
 
     @field_validator("table")
     @classmethod

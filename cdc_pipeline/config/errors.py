@@ -37,6 +37,9 @@ _KEY_VALUE_SECRET_RES = (
     re.compile(rf"(?i)(?P<pre>[\"'](?:{_SECRET_WORD}|authorization)[\"']\s*:\s*){_SECRET_VALUE}"),
     # HTTP credentials: Authorization: Bearer ...
     re.compile(r"(?i)(?P<pre>\b(?:bearer|basic)\s+)(?P<secret>[A-Za-z0-9._~+/=\-]{8,})"),
+    # libpq's DSN parse errors quote the token they choke on, often the password itself.
+    re.compile(r'(?P<pre>(?:invalid percent-encoded token|missing "=" after|unterminated quoted string in '
+               r'connection info string|invalid URI query parameter)[^"]*)(?P<secret>"[^"]*")'),
 )
 
 
@@ -100,3 +103,20 @@ def kind_of(value: Any) -> str:
         return "a date"
     return type(value).__name__
 
+
+
+class RedactedError(RuntimeError):
+    """An error re-raised with its secrets masked (its cause is dropped: the cause's text holds them)."""
+
+
+def describe_error(exc: BaseException) -> str:
+    """``Type: message`` of an exception with secrets masked: for logs, metadata and stored errors."""
+    return redact(f"{type(exc).__name__}: {exc}")
+
+
+def without_secrets(exc: BaseException) -> BaseException:
+    """``exc`` itself when its text holds nothing to mask, else a RedactedError with the masked text; re-raise
+    the result ``from None`` so neither the message nor the chained cause shows a secret."""
+    text = f"{type(exc).__name__}: {exc}"
+    masked = redact(text)
+    return exc if masked == text and exc.__cause__ is None and exc.__context__ is None else RedactedError(masked)

@@ -94,12 +94,48 @@ def _raise_lines(source: str, problems: Sequence[tuple[Loc, str]]) -> NoReturn:
 # YAML ------------------------------------------------------------------------------------------------
 
 
+# Aliases (`*a`) are shared nodes that every later pass (interpolation, validation) walks once per use:
+# a few hundred bytes of nested aliases ("billion laughs") expand to billions of nodes. A config is small:
+# refuse a document whose alias-expanded size passes this.
+MAX_EXPANDED_NODES = 100_000
+
+
 class _Loader(yaml.SafeLoader):
-    """SafeLoader that records duplicate mapping keys (PyYAML silently keeps the last one)."""
+    """SafeLoader that records duplicate mapping keys (PyYAML silently keeps the last one), and refuses
+    recursive aliases and alias expansions beyond MAX_EXPANDED_NODES, before anything is constructed."""
 
     def __init__(self, stream: str) -> None:
         super().__init__(stream)
         self.duplicates: list[tuple[int, str]] = []
+        self._open_anchors: set[str] = set()
+        self._sizes: dict[int, int] = {}  # id(node) -> nodes it stands for, aliases expanded
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            if event.anchor in self._open_anchors:
+                raise yaml.composer.ComposerError(
+                    None, None, f"alias *{event.anchor} is inside its own anchor &{event.anchor} "
+                    "(a recursive structure is not a valid config)", event.start_mark)
+            return super().compose_node(parent, index)  # type: ignore[no-any-return]
+        anchor = getattr(event, "anchor", None)
+        if anchor is not None:
+            self._open_anchors.add(anchor)
+        node: yaml.Node = super().compose_node(parent, index)
+        if anchor is not None:
+            self._open_anchors.discard(anchor)
+        children: list[yaml.Node] = []
+        if isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        size = 1 + sum(self._sizes.get(id(c), 1) for c in children)
+        self._sizes[id(node)] = size
+        if size > MAX_EXPANDED_NODES:
+            raise yaml.composer.ComposerError(
+                None, None, f"aliases expand this document past {MAX_EXPANDED_NODES} nodes "
+                "(nested aliases that multiply; write the values out instead)", event.start_mark)
+        return node
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[tuple[str, str]] = set()

@@ -12,14 +12,22 @@ from pydantic import (
 from pydantic_core import PydanticKnownError
 
 from cdc_pipeline.config.api_sources import ApiSourceConfig, check_api_sources
-from cdc_pipeline.config.base import SLOT_RE, StrictModel, identifier, string_map
+from cdc_pipeline.config.base import (
+    DSN_MESSAGE,
+    SLOT_RE,
+    Dsn,
+    StrictModel,
+    dsn_parses,
+    identifier,
+    string_map,
+)
 from cdc_pipeline.config.errors import ConfigError, Loc, fail
 from cdc_pipeline.config.sinks import SinkConfig
 from cdc_pipeline.config.tables import TableConfig
 
 
 class SourceConfig(StrictModel):
-    dsn: str = Field(min_length=1)
+    dsn: Dsn = Field(min_length=1)
     slot: str = "cdc_pipeline"
     publication: str = "cdc_pipeline"
 
@@ -40,7 +48,7 @@ class SourceConfig(StrictModel):
 
 
 class StateConfig(StrictModel):
-    dsn: str | None = Field(default=None, min_length=1)
+    dsn: Dsn | None = Field(default=None, min_length=1)
     # `schema` would shadow BaseModel.schema(), hence the alias.
     schema_name: str = Field(default="cdc_pipeline", alias="schema")
     retention_hours: float | None = Field(default=None, gt=0)
@@ -97,6 +105,8 @@ class DrainConfig(StrictModel):
 
 class DeliveryConfig(StrictModel):
     batch_size: int = Field(default=20000, gt=0)
+    # A batch also ends once its messages hold this many bytes of JSON (very large rows).
+    batch_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
     # How often a long-running delivery polls an idle log: bounds the delivery part of the latency.
     idle_seconds: float = Field(default=0.25, gt=0)
     lag_trigger_messages: int = Field(default=1, ge=1)  # deprecated: accepted, has no effect (loading.DEPRECATED_KEYS)
@@ -223,6 +233,17 @@ class PipelineConfig(StrictModel):
     def state_dsn(self) -> str:
         """The state database: ``state.dsn``, defaulting to the source database."""
         return self.state.dsn or self.source.dsn
+
+    def check_dsns(self) -> None:
+        """Raise ConfigError (a fixed message, never the value) for a DSN libpq cannot parse. Load lets a bare
+        word through (a placeholder); commands that connect call this first, so a variable holding only a
+        password is reported as a bad DSN, not echoed back by libpq's own parse error."""
+        where: list[tuple[str, str | None]] = [("source.dsn", self.source.dsn), ("state.dsn", self.state.dsn)]
+        where += [(f"sinks[{i}].destination.dsn", getattr(s.destination, "dsn", None)) for i, s in enumerate(self.sinks)]
+        where += [(f"api_sources[{i}].dsn", a.dsn) for i, a in enumerate(self.api_sources)]
+        bad = [f"{self._label()}: {key}: {DSN_MESSAGE}" for key, value in where if value and not dsn_parses(value)]
+        if bad:
+            raise ConfigError("\n".join(bad), bad)
 
     def table(self, name: str) -> TableConfig:
         """The table named 'schema.table' or bare 'table' (meaning public.table)."""

@@ -23,6 +23,7 @@ from cdc_pipeline.defs.translator import CdcTranslator, source_tables
 def build_definitions(path: str, translator: CdcTranslator | None = None) -> Definitions:
     tr = translator or CdcTranslator()
     pipeline: PipelineConfig = load_config(path)
+    pipeline.check_dsns()
     sources = [tr.source_spec(pipeline, t) for t in source_tables(pipeline)]
     log_key = tr.change_log_key()
     change_log = build_change_log_asset(log_key, [s.key for s in sources])

@@ -23,7 +23,7 @@ from dagster import (
 
 from cdc_pipeline.api_sync import lag
 from cdc_pipeline.api_sync.loop import ApiSync
-from cdc_pipeline.config import PipelineConfig
+from cdc_pipeline.config import PipelineConfig, redact
 from cdc_pipeline.config.api_sources import ApiCollectionConfig, ApiSourceConfig
 from cdc_pipeline.defs.resources import CdcConfigResource
 
@@ -42,7 +42,7 @@ def api_asset_key(source: str, collection: str) -> AssetKey:
 def collection_metadata(pipeline: PipelineConfig, source: str, collection: str) -> dict[str, Any]:
     src = lag.collect(pipeline).get(source, {})
     if "error" in src or not src:
-        return {"status": MetadataValue.text(src.get("error", "not started"))}
+        return {"status": MetadataValue.text(redact(src.get("error", "not started")))}
     c = src["collections"][collection]
     return {
         "phase": c["phase"],
@@ -56,7 +56,7 @@ def collection_metadata(pipeline: PipelineConfig, source: str, collection: str) 
         "lag_seconds": MetadataValue.float(float(c["lag_seconds"])) if c["lag_seconds"] is not None else "n/a",
         "observed_max_lag_seconds": MetadataValue.float(float(c["observed_max_lag_seconds"] or 0.0)),
         "computed_max_lag_seconds": MetadataValue.float(float(src["computed_max_lag_seconds"])),
-        "last_error": MetadataValue.text(c["last_error"] or ""),
+        "last_error": MetadataValue.text(redact(c["last_error"] or "")),
     }
 
 

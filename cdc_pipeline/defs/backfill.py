@@ -49,7 +49,8 @@ from dagster import (
 
 from cdc_pipeline.backfill.engine import Backfiller, BackfillRequest, Progress
 from cdc_pipeline.backfill.state import BackfillInfo, BackfillStore
-from cdc_pipeline.config import ConfigError, PipelineConfig, TableConfig
+from cdc_pipeline.config import ConfigError, PipelineConfig, TableConfig, redact
+from cdc_pipeline.config.errors import without_secrets
 from cdc_pipeline.defs.resources import CdcConfigResource
 from cdc_pipeline.defs.translator import CdcTranslator
 
@@ -156,9 +157,15 @@ def build_backfill_asset(table: TableConfig, translator: CdcTranslator) -> Asset
         runner = Backfiller(pipeline, request, on_progress=report, progress_seconds=5.0,
                             wait_if_busy=config.wait_if_busy)
         context.log.info(f"{runner.spec.describe()} -> {', '.join(runner.spec.sinks)}")
-        result = runner.run()
+        try:
+            result = runner.run()
+        except Exception as exc:
+            error = without_secrets(exc)
+            if error is exc:
+                raise
+            raise error from None
         for warning in result.warnings:
-            context.log.warning(warning)
+            context.log.warning(redact(warning))
         if result.status != "completed":
             raise Failure(description=f"backfill {result.backfill_id} ended {result.status}",
                           metadata=_metadata(result), allow_retries=result.status == "interrupted")
@@ -188,7 +195,7 @@ def build_backfill_check(table: TableConfig, translator: CdcTranslator) -> Asset
             metadata={"backfill_id": last.id, "status": last.status, "pages": last.pages,
                       "rows_read": last.rows_read, "rows_dropped": last.rows_dropped,
                       "cursor": MetadataValue.text(str(last.cursor)), "sinks": ", ".join(last.sinks),
-                      "error": MetadataValue.text(last.error or "")})
+                      "error": MetadataValue.text(redact(last.error or ""))})
 
     return _check
 

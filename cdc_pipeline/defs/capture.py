@@ -34,6 +34,7 @@ from dagster import (
 
 from cdc_pipeline.capture.drain import Drain, DrainStats
 from cdc_pipeline.config import PipelineConfig
+from cdc_pipeline.config.errors import describe_error
 from cdc_pipeline.defs.health import slot_check, slot_figures, slot_lag_spec
 from cdc_pipeline.defs.resources import CdcConfigResource
 from cdc_pipeline.defs.runs import AFTER_TAG, KIND_TAG, NO_RUN_RETRIES, next_run, wait_for_predecessor
@@ -125,7 +126,7 @@ def build_drain_sensor(job: Any, key: AssetKey, interval: int = 5) -> SensorDefi
             try:  # no drain is running: record the slot's lag so a dead drain shows in asset health
                 events.append(slot_check(pipeline, key, slot_figures(pipeline)))
             except Exception as exc:
-                context.log.warning(f"could not read the slot's figures: {exc}")
+                context.log.warning(f"could not read the slot's figures: {describe_error(exc)}")
         # No run key: every request is a fresh start or a successor; next_run checked the active runs.
         return SensorResult(run_requests=[request], asset_events=events)
 

@@ -30,11 +30,11 @@ from dagster import (
     in_process_executor,
     sensor,
 )
-from dagster_pyspark import PySparkResource
 
 from cdc_pipeline.config import PipelineConfig, SinkConfig
+from cdc_pipeline.config.errors import describe_error
 from cdc_pipeline.defs.health import sink_check_specs, sink_checks, sink_figures
-from cdc_pipeline.defs.resources import CdcConfigResource, SinksResource
+from cdc_pipeline.defs.resources import CdcConfigResource, SinksResource, SparkResource
 from cdc_pipeline.defs.runs import AFTER_TAG, KIND_TAG, NO_RUN_RETRIES, next_run, wait_for_predecessor
 from cdc_pipeline.defs.streaming import stream_while
 from cdc_pipeline.delivery.engine import Deliverer, DeliveryStats
@@ -68,7 +68,7 @@ def build_sink_asset(sink: SinkConfig, key: AssetKey, deps: list[AssetKey], meta
         check_specs=sink_check_specs(key), tags={KIND_TAG: "delivery"},
     )
     def _deliver(context: AssetExecutionContext, config: DeliveryRunConfig, cdc: CdcConfigResource,
-                 pyspark: PySparkResource, sinks: SinksResource) -> Iterator[Any]:
+                 pyspark: SparkResource, sinks: SinksResource) -> Iterator[Any]:
         pipeline = cdc.load()
         wait_for_predecessor(context, context.log)  # a successor: Spark is warm, take over without a gap
         sink_config = pipeline.sink(sink.name)
@@ -159,7 +159,7 @@ def build_delivery_sensor(jobs: list[Any], keys: dict[str, AssetKey], interval: 
                     events += sink_checks(pipeline, keys[name], sink_figures(pipeline, pipeline.sink(name)))
                     checked[name] = time.time()
                 except Exception as exc:
-                    context.log.warning(f"could not read sink {name}'s figures: {exc}")
+                    context.log.warning(f"could not read sink {name}'s figures: {describe_error(exc)}")
         return SensorResult(run_requests=requests, asset_events=events, cursor=json.dumps(checked, sort_keys=True),
                             skip_reason=None if requests else "every sink is caught up or already running")
 

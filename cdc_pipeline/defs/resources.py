@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from dagster import ConfigurableResource
-from dagster_pyspark import PySparkResource
+from pyspark.sql import SparkSession
 
 from cdc_pipeline.config import PipelineConfig, load_config
-from cdc_pipeline.delivery.spark_stage import prepare_environment, spark_conf
+from cdc_pipeline.delivery.spark_stage import prepare_environment, spark_session
 from cdc_pipeline.sinks import build_sink
 from cdc_pipeline.sinks.base import Sink
 
@@ -17,7 +17,9 @@ class CdcConfigResource(ConfigurableResource):
     config_path: str
 
     def load(self) -> PipelineConfig:
-        return load_config(self.config_path)
+        config = load_config(self.config_path)
+        config.check_dsns()
+        return config
 
 
 class SinksResource(ConfigurableResource):
@@ -30,6 +32,19 @@ class SinksResource(ConfigurableResource):
         return build_sink(load_config(self.config_path).sink(sink_name))
 
 
-def pyspark_resource(config: PipelineConfig) -> PySparkResource:
+class SparkResource(ConfigurableResource):
+    """The Spark session, built at run time from the config file: `spark.conf` values (after ${VAR}
+    interpolation they may hold secrets, e.g. an s3a secret key) never become resource defaults, which
+    Dagster shows in its UI and stores in every run's snapshot. Only the file's path is in the snapshot."""
+
+    config_path: str
+
+    @property
+    def spark_session(self) -> SparkSession:
+        return spark_session(load_config(self.config_path).spark)
+
+
+def pyspark_resource(config: PipelineConfig) -> SparkResource:
     prepare_environment()
-    return PySparkResource(spark_config=spark_conf(config.spark))
+    assert config.path is not None, "the Dagster code location loads its config from a file"
+    return SparkResource(config_path=config.path)

@@ -22,6 +22,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
+from cdc_pipeline.config.errors import RedactedError, describe_error, without_secrets
+
 T = TypeVar("T")
 
 STOP_TIMEOUT_SECONDS = 60.0  # a batch in flight finishes (and commits) within this
@@ -72,7 +74,7 @@ def stream_while(name: str, work: Callable[[], T], stop: Callable[[], None],
                 try:
                     events = list(poll())
                 except Exception as exc:  # figures are best effort; the work goes on
-                    on_poll_error(exc)
+                    on_poll_error(RedactedError(describe_error(exc)))
                     events = []
                 yield from events
     except BaseException:
@@ -83,5 +85,8 @@ def stream_while(name: str, work: Callable[[], T], stop: Callable[[], None],
     finally:
         atexit.unregister(stop_and_wait)
     if worker.error is not None:
-        raise worker.error
+        error = without_secrets(worker.error)
+        if error is worker.error:
+            raise error
+        raise error from None  # Dagster stores and shows the message and its causes: never a secret
     return worker.value  # type: ignore[no-any-return]

@@ -202,7 +202,7 @@ class Deliverer(Staging, Parking):
 
     def _load_and_stage(self, conn: psycopg.Connection, offset: Position) -> Staged:
         batch = self.store.load_batch(conn, self.sink_config.tables, offset, self.batch_size,
-                                      sink=self.sink_config.name)
+                                      sink=self.sink_config.name, max_bytes=self.config.delivery.batch_bytes)
         schemas = self._schemas(conn) if batch.num_rows else {}
         conn.commit()
         if batch.num_rows == 0:

@@ -37,7 +37,7 @@ _SCALAR_TYPES: dict[int, T.DataType] = {
 
 
 def spark_conf(config: SparkConfig) -> dict[str, str]:
-    """The one Spark configuration, shared by the CLI's session and the Dagster PySparkResource."""
+    """The one Spark configuration, shared by the CLI's session and the Dagster SparkResource."""
     conf = {
         "spark.master": config.master,
         "spark.app.name": "cdc_pipeline",

@@ -41,6 +41,9 @@ class EmbeddedPostgres:
     root: Path
     port: int
     user: str = "postgres"
+    # None: trust authentication (tests, in a private mkdtemp folder); else scram-sha-256 for every
+    # connection, local or TCP (the demo: another local user must not get in through 127.0.0.1).
+    password: str | None = None
 
     @property
     def data_dir(self) -> Path:
@@ -52,7 +55,8 @@ class EmbeddedPostgres:
 
     def dsn(self, dbname: str = "postgres", tcp: bool = False) -> str:
         host = "127.0.0.1" if tcp else str(self.socket_dir)
-        return f"host={host} port={self.port} user={self.user} dbname={dbname}"
+        secret = f" password={self.password}" if self.password else ""
+        return f"host={host} port={self.port} user={self.user} dbname={dbname}{secret}"
 
     def url(self, dbname: str = "postgres", driver: str = "postgresql+psycopg2") -> str:
         """SQLAlchemy URL (psycopg2: dagster-postgres' NOTIFY breaks under psycopg 3)."""
@@ -64,8 +68,18 @@ class EmbeddedPostgres:
     def start(self, durable: bool = True) -> EmbeddedPostgres:
         log = self.root / "postgres.log"
         if not (self.data_dir / "PG_VERSION").exists():
-            self._run(str(PG_BIN / "initdb"), "-D", str(self.data_dir), "-U", self.user,
-                      "--auth=trust", "-E", "UTF8", "--locale=C.UTF-8")
+            auth = ["--auth=trust"]
+            pwfile = self.root / "initdb.pw"
+            if self.password:
+                pwfile.write_text(self.password)
+                pwfile.chmod(0o600)
+                _own(pwfile)
+                auth = ["--auth=scram-sha-256", f"--pwfile={pwfile}"]
+            try:
+                self._run(str(PG_BIN / "initdb"), "-D", str(self.data_dir), "-U", self.user,
+                          *auth, "-E", "UTF8", "--locale=C.UTF-8")
+            finally:
+                pwfile.unlink(missing_ok=True)
             settings = dict(SETTINGS, unix_socket_directories=f"'{self.socket_dir}'")
             if not durable:  # tests: crash safety of the *pipeline* is under test, not of the server
                 settings.update(fsync="off", synchronous_commit="off", full_page_writes="off")
@@ -107,8 +121,10 @@ def _own(path: Path) -> None:
         os.chown(path, pw.pw_uid, pw.pw_gid)
 
 
-def create(root: str | os.PathLike[str] | None = None, port: int | None = None) -> EmbeddedPostgres:
-    """Create (but do not start) a cluster folder; reuse `root` if it already holds one."""
+def create(root: str | os.PathLike[str] | None = None, port: int | None = None,
+           password: str | None = None) -> EmbeddedPostgres:
+    """Create (but do not start) a cluster folder; reuse `root` if it already holds one. With `password`,
+    the cluster authenticates with it (a cluster reused from `root` keeps the one it was made with)."""
     path = Path(root) if root else Path(tempfile.mkdtemp(prefix="cdc_pg_"))
     path.mkdir(parents=True, exist_ok=True)
     _own(path)
@@ -116,4 +132,12 @@ def create(root: str | os.PathLike[str] | None = None, port: int | None = None) 
     if port is None:
         port = int(port_file.read_text()) if port_file.exists() else _free_port()
     port_file.write_text(str(port))
-    return EmbeddedPostgres(root=path, port=port)
+    password_file = path / "password"
+    if password is not None:
+        if password_file.exists():
+            password = password_file.read_text().strip()
+        else:
+            fd = os.open(password_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(password)
+    return EmbeddedPostgres(root=path, port=port, password=password)

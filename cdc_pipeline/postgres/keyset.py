@@ -38,6 +38,8 @@ from typing import Literal
 
 from psycopg import sql
 
+from cdc_pipeline.postgres.compose import escape_percent
+
 DEFAULT_SCHEMA = "public"
 
 
@@ -141,7 +143,7 @@ def _compare(keys: list[sql.Identifier], op: Literal[">", ">=", "<"]) -> sql.Com
 def _relation(schema: str, table: str) -> sql.Identifier:
     _check_name(schema, "schema")
     _check_name(table, "table")
-    return sql.Identifier(_escape_percent(schema), _escape_percent(table))
+    return sql.Identifier(escape_percent(schema), escape_percent(table))
 
 
 def _identifiers(names: Sequence[str], what: str) -> list[sql.Identifier]:
@@ -153,17 +155,12 @@ def _identifiers(names: Sequence[str], what: str) -> list[sql.Identifier]:
         raise ValueError(f"{what} must name at least one column")
     for name in names:
         _check_name(name, what)
-    return [sql.Identifier(_escape_percent(name)) for name in names]
+    return [sql.Identifier(escape_percent(name)) for name in names]
 
 
 def _check_name(name: object, what: str) -> None:
     if not isinstance(name, str) or not name or "\x00" in name:
         raise ValueError(f"{what}: invalid identifier {name!r}")
-
-
-def _escape_percent(name: str) -> str:
-    # For psycopg's placeholder layer, not for SQL: the server sees the original name.
-    return name.replace("%", "%%")
 
 
 def _values(values: Sequence[object], what: str) -> list[object]:

@@ -20,8 +20,10 @@ import psycopg
 from psycopg import sql
 
 from cdc_pipeline.postgres.catalog import ColumnInfo, TableInfo, describe_table
+from cdc_pipeline.postgres.compose import execute
 from cdc_pipeline.postgres.keyset import parse_qualified
 from cdc_pipeline.sinks.base import OutboundMessage, Sink, SinkUnavailable
+from cdc_pipeline.sinks.routes import route_problem
 
 OFFSETS_SCHEMA = "cdc_pipeline_sink"
 FIRST_USER_OID = 16384  # types above this (enums, domains, composites) may not exist in the destination
@@ -82,6 +84,8 @@ class PostgresSink(Sink):
             return []
         try:
             try:
+                if any(self._route_problem(m) for m in batch):
+                    return self._apply_one_by_one(batch)
                 self._apply(batch)
                 return [None] * len(batch)
             except psycopg.Error as exc:
@@ -89,6 +93,7 @@ class PostgresSink(Sink):
                     raise
                 assert self.conn is not None
                 self.conn.rollback()
+                self._shapes.clear()  # tables created in the rolled-back transaction are gone
             return self._apply_one_by_one(batch)
         except _TRANSIENT as exc:
             raise SinkUnavailable(f"postgres sink {self.name!r}: {type(exc).__name__}: {exc}") from exc
@@ -103,6 +108,13 @@ class PostgresSink(Sink):
             if m.group is not None and m.group in failed:
                 results.append("held behind an earlier failed message of its group")
                 continue
+            problem = self._route_problem(m)
+            if problem is not None:
+                results.append(problem)
+                failed_any = True
+                if m.group is not None:
+                    failed.add(m.group)
+                continue
             try:
                 with self._tracked():
                     # Past a failure the destination must not record a position beyond it: a crash before
@@ -114,6 +126,7 @@ class PostgresSink(Sink):
                 if isinstance(exc, _TRANSIENT):
                     raise
                 results.append(f"{type(exc).__name__}: {str(exc).strip()[:500]}")
+                self._shapes.clear()  # as above: a table this message created was rolled back with it
                 failed_any = True
                 if m.group is not None:
                     failed.add(m.group)
@@ -164,6 +177,9 @@ class PostgresSink(Sink):
             "updated_at = now() WHERE (o.commit_lsn, o.commit_idx) < (excluded.commit_lsn, excluded.commit_idx)"
         ).format(sql.Identifier(OFFSETS_SCHEMA)), (self.name, last[0], last[1]))
 
+    def _route_problem(self, m: OutboundMessage) -> str | None:
+        return route_problem(m.route, getattr(self.dest, "route_schemas", None)) if self.mode == "append" else None
+
     # -- append -----------------------------------------------------------------------------------
     def _append(self) -> None:
         assert self.conn is not None
@@ -176,7 +192,7 @@ class PostgresSink(Sink):
                 "CREATE TABLE IF NOT EXISTS {} (idempotency_key text PRIMARY KEY, commit_lsn bigint NOT NULL, "
                 "commit_idx integer NOT NULL, table_schema text, table_name text, action text, "
                 "message jsonb NOT NULL, delivered_at timestamptz NOT NULL DEFAULT now())").format(ident))
-            self.conn.execute(sql.SQL(
+            execute(self.conn, sql.SQL(
                 "INSERT INTO {} (idempotency_key, commit_lsn, commit_idx, table_schema, table_name, action, message) "
                 "SELECT lsn || ':' || idx, lsn, idx, msg->'metadata'->>'table_schema', "
                 "msg->'metadata'->>'table_name', msg->>'action', msg FROM _cdc_stage "
@@ -248,7 +264,7 @@ class PostgresSink(Sink):
         pk_json = sql.SQL("jsonb_build_array({})").format(
             sql.SQL(", ").join(sql.SQL("rec -> {}").format(sql.Literal(k)) for k in pk))
         old_pk_json = sql.SQL("jsonb_build_array({})").format(sql.SQL(", ").join(
-            sql.SQL("(s.msg->'record' || coalesce(s.msg->'changes', '{{}}')) -> {}").format(sql.Literal(k))
+            sql.SQL("(s.msg->'record' || coalesce(nullif(s.msg->'changes', 'null'), '{{}}')) -> {}").format(sql.Literal(k))
             for k in pk))
         new_pk_json = sql.SQL("jsonb_build_array({})").format(
             sql.SQL(", ").join(sql.SQL("s.msg->'record' -> {}").format(sql.Literal(k)) for k in pk))
@@ -260,7 +276,7 @@ class PostgresSink(Sink):
         conn.execute(sql.SQL(
             "CREATE TEMP TABLE _cdc_effects ON COMMIT DROP AS "
             "WITH e AS ("
-            "  SELECT s.seq * 2 AS seq, 'delete' AS kind, s.msg->'record' || coalesce(s.msg->'changes', '{{}}') AS rec,"
+            "  SELECT s.seq * 2 AS seq, 'delete' AS kind, s.msg->'record' || coalesce(nullif(s.msg->'changes', 'null'), '{{}}') AS rec,"
             "         true AS full_state"
             "  FROM _cdc_stage s WHERE {where} AND s.msg->>'action' = 'update' AND {old_pk} <> {new_pk}"
             "  UNION ALL"
@@ -289,7 +305,7 @@ class PostgresSink(Sink):
             + "WHEN NOT MATCHED AND s._cdc_kind = 'upsert' THEN INSERT ({cols}) VALUES ({values})"
         ).format(t=ident, on=on, assign=assign, cols=col_list, values=values)
         for layer in range(1, layers + 1):
-            conn.execute(merge, (layer,))
+            execute(conn, merge, (layer,))
 
 
 # A row stream's message (delivery/rows.py) has no action: a row, or a deleted row's key.

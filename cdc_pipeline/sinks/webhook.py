@@ -2,21 +2,24 @@
 
 * The body is the already-encoded payloads joined with commas: never re-parsed or re-serialised.
 * `hmac_secret_env` names an environment variable; its value signs the exact body bytes
-  (HMAC-SHA256, lower-case hex) in `signature_header`.
+  (HMAC-SHA256, lower-case hex) in `signature_header`, and `<timestamp>.<body>` in
+  `<signature_header>-V2`, with the Unix time in `X-CDC-Timestamp` (so a receiver can refuse replays).
 * A rejected chunk (non-2xx) of more than one message is bisected, halves sent left then right, until
   the rejected messages are isolated, so one poison message does not fail its neighbours. After a
   message fails, its group's later messages are not sent (held back), so a group never overtakes itself.
 * Statuses that speak for the whole endpoint (3xx, 401, 403, 407, 429, 502, 503, 504) are not bisected:
   with nothing acknowledged yet they raise SinkUnavailable (retry the batch later), else they fail the
   rest of the batch. Connection refused / DNS failure / connect timeout are handled the same way.
-* A timeout (`timeout_ms`, applied to each of connect, write and read) fails the chunk's messages
-  without bisecting: a slow endpoint would only get slower.
+* A timeout (`timeout_ms`: a total deadline for the whole request, and for each connect, write and read)
+  fails the chunk's messages without bisecting: a slow endpoint would only get slower. At most a few KB
+  of a response body is read (sinks/http_guard.py).
 * Chunks with disjoint groups may be in flight together (up to CONCURRENCY); ungrouped messages never
   conflict. One keep-alive `httpx.Client` serves all of them.
 * Every request carries an `Idempotency-Key` header: the message's key, or `first..last` for a request
   of several messages (each message's own key is in its metadata).
 * `route` is ignored: a webhook sink has one URL.
-* Errors and logs never contain header values or the secret (they are masked even in echoed bodies).
+* Errors and logs never contain header values (nor their words, e.g. a bearer token), the secret, or the
+  URL's password, path segments or query values, even in echoed bodies; control characters are escaped.
 """
 
 from __future__ import annotations
@@ -38,6 +41,13 @@ from cdc_pipeline.sinks.base import (
     SinkUnavailable,
     Unreachable,
     safe_endpoint,
+)
+from cdc_pipeline.sinks.http_guard import (
+    DeadlineExceeded,
+    mask,
+    post_bounded,
+    secrets_of,
+    timestamped_signature,
 )
 
 CONCURRENCY = 4
@@ -85,8 +95,8 @@ class WebhookSink(Sink):
                 raise SinkConfigError(f"webhook sink {self.name!r}: environment variable {self.secret_env} "
                                       f"(hmac_secret_env) {state}")
             self._secret = value.encode()
-        self._masked = [v for v in [*self.extra_headers.values(), *([self._secret.decode()] if self._secret else [])]
-                        if len(v) >= 4]
+        self._masked = secrets_of(self.url, self.extra_headers.values(),
+                                  [self._secret.decode()] if self._secret else [])
         self._client = httpx.Client(
             timeout=httpx.Timeout(self.timeout_ms / 1000),
             limits=httpx.Limits(max_connections=CONCURRENCY, max_keepalive_connections=CONCURRENCY),
@@ -175,12 +185,19 @@ class WebhookSink(Sink):
         # The key travels in the body too, but a transform may drop it: the header always carries it
         # (a request of several messages names its first and last: `first..last`).
         idempotency = keys[0] if len(keys) == 1 else f"{keys[0]}..{keys[-1]}"
-        headers = {"Content-Type": "application/json", "Idempotency-Key": idempotency, **self.extra_headers}
+        # identity: an error body is read raw and capped (http_guard), never decompressed
+        headers = {"Content-Type": "application/json", "Accept-Encoding": "identity", "Idempotency-Key": idempotency,
+                   **self.extra_headers}
         if self._secret is not None:
             headers[self.signature_header] = hmac.new(self._secret, body, hashlib.sha256).hexdigest()
+            headers.update(timestamped_signature(self._secret, body, self.signature_header))
         where = safe_endpoint(self.url)
         try:
-            response = self._client.post(self.url, content=body, headers=headers)
+            status, text = post_bounded(self._client, self.url, body, headers, self.timeout_ms / 1000)
+        except DeadlineExceeded as exc:
+            raise _ChunkFailed(f"timeout: no response from {where} within {self.timeout_ms} ms "
+                               "(a total deadline for the request)",
+                               bisect=False) from exc
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
             raise _EndpointDown(f"webhook {where} unreachable: {type(exc).__name__}: {self._mask(str(exc))}") from exc
         except httpx.TimeoutException as exc:
@@ -189,18 +206,15 @@ class WebhookSink(Sink):
         except httpx.TransportError as exc:
             raise _ChunkFailed(f"transport error: {type(exc).__name__}: {self._mask(str(exc))}",
                                bisect=False) from exc
-        status = response.status_code
         if 200 <= status < 300:
             return
-        reason = f"HTTP {status}: {self._mask(response.text[:200])}"
+        reason = f"HTTP {status}: {self._mask(text.decode('utf-8', 'replace')[:200])}"
         if status in ENDPOINT_STATUSES or 300 <= status < 400:
             raise _EndpointDown(f"webhook {where} answered {reason}")
         raise _ChunkFailed(reason, bisect=status != 408)
 
     def _mask(self, text: str) -> str:
-        for value in self._masked:
-            text = text.replace(value, "***")
-        return text
+        return mask(text, self._masked)
 
 
 def _waves(batch: Sequence[OutboundMessage], chunks: list[list[int]]) -> list[list[list[int]]]:

@@ -177,6 +177,13 @@ MIGRATIONS: list[str] = [
     ALTER TABLE {s}.sink_offsets ADD COLUMN IF NOT EXISTS waiting_since timestamptz,
         ADD COLUMN IF NOT EXISTS waiting_reason text;
     """,
+    # 6: per-backfill key that authenticates its watermarks (backfill/watermark.py): any role that can log in
+    # to the source can emit a logical message, only the pipeline can read this. gen_random_uuid draws
+    # from the server's strong random source; volatile, so every existing row gets its own key.
+    """
+    ALTER TABLE {s}.backfills ADD COLUMN mac_key text NOT NULL
+        DEFAULT replace(gen_random_uuid()::text || gen_random_uuid()::text, '-', '');
+    """,
 ]
 
 

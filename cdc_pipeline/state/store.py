@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 from psycopg import sql
 
+from cdc_pipeline.config.errors import redact
 from cdc_pipeline.postgres.catalog import ColumnInfo, TableInfo
 
 Position = tuple[int, int]
@@ -65,14 +66,28 @@ class Store:
 
     # -- the log ----------------------------------------------------------------------------------
     def load_batch(self, conn: psycopg.Connection, tables: Sequence[str], after: Position, limit: int,
-                   sink: str | None = None) -> pa.Table:
-        query = sql.SQL(_SELECT + "WHERE (commit_lsn, commit_idx) > (%s, %s) "
-                        "AND table_schema || '.' || table_name = ANY(%s) {routing}"
-                        "ORDER BY commit_lsn, commit_idx LIMIT %s").format(self.s, routing=self._routing(sink))
+                   sink: str | None = None, max_bytes: int | None = None) -> pa.Table:
+        """Up to ``limit`` messages after ``after``; with ``max_bytes``, also stop once the messages so far
+        hold that many bytes of record and changes JSON (always at least one message)."""
+        where = sql.SQL("WHERE (commit_lsn, commit_idx) > (%s, %s) AND table_schema || '.' || table_name = ANY(%s) "
+                        "{routing}ORDER BY commit_lsn, commit_idx LIMIT %s").format(routing=self._routing(sink))
+        params: tuple[object, ...] = (after[0], after[1], list(tables), *_sink(sink), limit)
+        if max_bytes is None:
+            query: sql.Composable = sql.SQL(_SELECT).format(self.s) + where
+        else:
+            # The running total of sizes decides (a truncate has no record: size 0, never NULL, or the
+            # comparison would drop it), then the text.
+            query = sql.SQL(_SELECT.replace("{}.change_log", "(")).format() + sql.SQL(
+                "SELECT l.*, sum(coalesce(octet_length(l.record::text), 0) + coalesce(octet_length(l.changes::text), 0)) "
+                "OVER (ORDER BY l.commit_lsn, l.commit_idx ROWS UNBOUNDED PRECEDING) AS _total, "
+                "coalesce(octet_length(l.record::text), 0) + coalesce(octet_length(l.changes::text), 0) AS _bytes "
+                "FROM (SELECT * FROM {}.change_log ").format(self.s) + where + sql.SQL(
+                ") l) b WHERE b._total - b._bytes < %s ORDER BY commit_lsn, commit_idx")
+            params = (*params, max_bytes)
         # The log's primary key already gives this order: without the hint the planner underestimates
         # how many rows match the table filter and sorts every row after the offset to keep `limit`.
         conn.execute("SET LOCAL enable_sort = off")
-        return _copy_arrow(conn, query, (after[0], after[1], list(tables), *_sink(sink), limit))
+        return _copy_arrow(conn, query, params)
 
     def load_positions(self, conn: psycopg.Connection, positions: Sequence[Position]) -> pa.Table:
         query = sql.SQL(_SELECT + "WHERE (commit_lsn, commit_idx) IN (SELECT * FROM unnest(%s::bigint[], %s::int[])) "
@@ -187,7 +202,7 @@ class Store:
             "ON CONFLICT (sink, commit_lsn, commit_idx) DO UPDATE SET attempts = excluded.attempts, "
             "last_error = excluded.last_error, next_attempt_at = excluded.next_attempt_at, status = 'parked'")
             .format(self.s),
-            [(sink, p[0], p[1], g, a, e, d) for (p, g, e, a), d in zip(items, delay_ms, strict=True)])
+            [(sink, p[0], p[1], g, a, redact(e), d) for (p, g, e, a), d in zip(items, delay_ms, strict=True)])
 
     def due_retries(self, conn: psycopg.Connection, sink: str, limit: int) -> list[tuple[Position, str | None, int]]:
         """Parked messages of groups whose head is due, in log order: (position, group, attempts)."""
@@ -210,7 +225,7 @@ class Store:
     def discard(self, conn: psycopg.Connection, sink: str, position: Position, error: str) -> None:
         conn.execute(sql.SQL(
             "UPDATE {}.failed_messages SET status = 'discarded', last_error = %s WHERE sink = %s "
-            "AND commit_lsn = %s AND commit_idx = %s").format(self.s), (error, sink, position[0], position[1]))
+            "AND commit_lsn = %s AND commit_idx = %s").format(self.s), (redact(error), sink, position[0], position[1]))
         conn.execute(sql.SQL("UPDATE {}.sink_offsets SET discarded = discarded + 1 WHERE sink = %s")
                      .format(self.s), (sink,))
 
@@ -230,7 +245,9 @@ class Store:
             "ORDER BY sink, commit_lsn, commit_idx").format(self.s), (sink, sink)).fetchall()
         keys = ("sink", "commit_lsn", "commit_idx", "group_key", "status", "attempts", "last_error",
                 "first_failed_at", "next_attempt_at")
-        return [{**dict(zip(keys, r, strict=True)), "id": f"{r[1]}:{r[2]}"} for r in rows]
+        # Masked again on the way out: an error stored by an older version may still hold a secret.
+        return [{**dict(zip(keys, r, strict=True)), "last_error": redact(r[6]) if r[6] else r[6], "id": f"{r[1]}:{r[2]}"}
+                for r in rows]
 
     def retry_now(self, conn: psycopg.Connection, sink: str | None, position: Position | None,
                   include_discarded: bool = False) -> tuple[int, int]:

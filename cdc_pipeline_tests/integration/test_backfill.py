@@ -19,7 +19,7 @@ import pytest
 from cdc_pipeline import status
 from cdc_pipeline.backfill.engine import Backfiller, BackfillRequest, Progress
 from cdc_pipeline.backfill.state import BackfillConflict, BackfillStore
-from cdc_pipeline.backfill.watermark import WATERMARK_PREFIX, Snapshot
+from cdc_pipeline.backfill.watermark import WATERMARK_PREFIX, Snapshot, Watermark
 from cdc_pipeline.capture.drain import Drain
 from cdc_pipeline.capture.reconcile import Reconciler
 from cdc_pipeline.cli import main as cli_main
@@ -488,8 +488,7 @@ def test_reconciler_drops_what_the_snapshot_missed(db_factory):
             f"INSERT INTO {s}.change_log (commit_lsn, commit_idx, xid, table_schema, table_name, action, pk, record, "
             "changes, commit_ts) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, now())", log)
         reconciler = Reconciler(s)
-        high_msg = LogicalMessage(True, high[0], WATERMARK_PREFIX, json.dumps(
-            {"id": "bf", "page": 0, "kind": "high", "xid": str(high_xid)}).encode())
+        high_msg = LogicalMessage(True, high[0], WATERMARK_PREFIX, signed(conn, "bf", high_xid))
         inserted = reconciler(high_msg, high[0], high[1], conn)
         assert reconciler(high_msg, high[0], high[1] + 100, conn) == 0  # a re-sent high watermark: no-op
         conn.commit()
@@ -512,10 +511,15 @@ def test_reconciler_drops_what_the_snapshot_missed(db_factory):
                      "('bf2', 0, 1, '[1]', '{}'), ('bf2', 0, 2, '[2]', '{}')")
         conn.execute(f"INSERT INTO {s}.change_log (commit_lsn, commit_idx, xid, table_schema, table_name, action, "
                      "commit_ts) VALUES (3500, 0, 5, 'public', 't', 'truncate', now())")
-        msg = LogicalMessage(True, 4000, WATERMARK_PREFIX, json.dumps(
-            {"id": "bf2", "page": 0, "kind": "high", "xid": str(high_xid)}).encode())
+        msg = LogicalMessage(True, 4000, WATERMARK_PREFIX, signed(conn, "bf2", high_xid))
         assert reconciler(msg, 4000, 0, conn) == 0
         conn.commit()
+
+
+def signed(conn: psycopg.Connection, backfill_id: str, xid: int) -> bytes:
+    """A high watermark as the backfill would emit it: signed with the backfill's key."""
+    key = BackfillStore("cdc_pipeline").mac_key(conn, backfill_id)
+    return Watermark(backfill_id, 0, "high", xid=xid).encode(key).encode()
 
 
 def test_snapshot_unseen_ranges_across_xid_wraparound():
@@ -557,8 +561,9 @@ def test_a_high_watermark_seals_only_the_staging_it_was_sent_for(db_factory):
         reconciler = Reconciler("cdc_pipeline")
 
         def high(token: str) -> LogicalMessage:
-            return LogicalMessage(True, 200, WATERMARK_PREFIX, json.dumps(
-                {"id": "bf", "page": 0, "kind": "high", "xid": "20", "token": token}).encode())
+            key = BackfillStore("cdc_pipeline").mac_key(conn, "bf")
+            return LogicalMessage(True, 200, WATERMARK_PREFIX,
+                                  Watermark("bf", 0, "high", xid=20, token=token).encode(key).encode())
 
         assert reconciler(high(page_token("9:9:", read_at)), 200, 0, conn) == 0  # an older staging's
         assert reconciler(high(page_token("10:10:", read_at)), 300, 0, conn) == 1

@@ -32,9 +32,9 @@ def test_pause_does_not_wait_for_the_next_source_transaction(source_db, db_facto
         src.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
         shape = table_shape(src, spec)
         bid, _ = store.claim(state, spec, shape.primary_key, shape.keyset, "test", None)
-        emit(src, Watermark(bid, 0, "low"))
+        emit(src, Watermark(bid, 0, "low"), store.mac_key(state, bid))
         page = PageReader("cdc_pipeline", spec, shape, True, 5000).read_and_stage(src, state, bid, 0, None, 5)
-        emit(src, Watermark(bid, 0, "high", token=page.token))
+        emit(src, Watermark(bid, 0, "high", token=page.token), store.mac_key(state, bid))
         store.release(state, bid)
     # Right behind the page: a source transaction the drain is slow to get through (a hook blocks in it,
     # standing in for millions of rows).

@@ -48,7 +48,7 @@ def test_retention_keeps_what_an_open_page_and_an_idle_sink_need(source_db, db_f
         src.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
         shape = table_shape(src, spec)
         bid, _ = store.claim(state, spec, shape.primary_key, shape.keyset, "test", None)
-        emit(src, Watermark(bid, 0, "low"))
+        emit(src, Watermark(bid, 0, "low"), store.mac_key(state, bid))
         page = PageReader("cdc_pipeline", spec, shape, True, 5000).read_and_stage(src, state, bid, 0, None, 100)
         assert page.rows == 10
         source_db.execute("UPDATE public.t SET v = 'new' WHERE id = 5")
@@ -57,7 +57,7 @@ def test_retention_keeps_what_an_open_page_and_an_idle_sink_need(source_db, db_f
         time.sleep(2.5)  # the change is now older than the retention
         drain(config)  # a drain run ends with retention
         assert ("[5]", "update") in log_actions(config.state_dsn), "retention deleted what the page needs"
-        emit(src, Watermark(bid, 0, "high", token=page.token))
+        emit(src, Watermark(bid, 0, "high", token=page.token), store.mac_key(state, bid))
         store.release(state, bid)
     drain(config)
     with psycopg.connect(config.state_dsn) as conn:
