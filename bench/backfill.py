@@ -213,7 +213,7 @@ def timed_delivery(config_path: Path, rows: int) -> dict[str, float]:
     from cdc_pipeline.config import load_config
     from cdc_pipeline.delivery import engine, staging
     from cdc_pipeline.delivery.spark_stage import spark_session
-    from cdc_pipeline.sinks import postgres as pg_sink
+    from cdc_pipeline.sinks.postgres import client as pg_sink
     from cdc_pipeline.state import store
 
     spent: Counter[str] = Counter()

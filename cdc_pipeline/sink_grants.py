@@ -9,7 +9,7 @@ from cdc_pipeline.config import PipelineConfig, redact
 from cdc_pipeline.findings import Finding
 from cdc_pipeline.postgres.keyset import parse_qualified
 
-OFFSETS_SCHEMA = "cdc_pipeline_sink"  # sinks/postgres.py keeps its position there
+OFFSETS_SCHEMA = "cdc_pipeline_sink"  # sinks/postgres/client.py keeps its position there
 
 
 def postgres_sink_findings(config: PipelineConfig) -> list[Finding]:

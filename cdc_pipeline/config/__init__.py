@@ -7,20 +7,12 @@ those lines.
 
 Modules: ``loading`` (file, YAML, interpolation), ``errors`` (ConfigError, redaction),
 ``error_lines`` (pydantic errors as user lines), ``models`` (the sections and PipelineConfig),
-``tables``, ``sinks``, ``destinations`` and ``api_sources`` (one model per sink type).
+``tables``, ``sinks``, ``api_sources``, and ``destinations``: the registry of destination types, whose
+schemas live beside their clients in ``cdc_pipeline/sinks/<type>/``.
 """
 
 from cdc_pipeline.config.api_sources import ApiCollectionConfig, ApiSourceConfig, RateLimitConfig
-from cdc_pipeline.config.destinations import (
-    Destination,
-    HttpPullDestination,
-    NatsDestination,
-    ParquetDestination,
-    PostgresDestination,
-    RabbitMQDestination,
-    RedisStreamDestination,
-    WebhookDestination,
-)
+from cdc_pipeline.config.destinations import DESTINATION_MODELS, DESTINATION_TYPES, Destination
 from cdc_pipeline.config.errors import ConfigError, redact
 from cdc_pipeline.config.loading import CONFIG_ENV_VAR, load_config, parse_config
 from cdc_pipeline.config.models import (
@@ -43,6 +35,8 @@ __all__ = [
     "BackoffConfig",
     "ConfigError",
     "DeliveryConfig",
+    "DESTINATION_MODELS",
+    "DESTINATION_TYPES",
     "Destination",
     "DrainConfig",
     "NatsDestination",
@@ -64,3 +58,11 @@ __all__ = [
     "parse_config",
     "redact",
 ]
+
+
+def __getattr__(name: str) -> type:
+    """`from cdc_pipeline.config import WebhookDestination` keeps working: the models now live in their sinks."""
+    for model in DESTINATION_MODELS.values():
+        if model.__name__ == name:
+            return model
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

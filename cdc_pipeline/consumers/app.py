@@ -25,8 +25,9 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from psycopg_pool import AsyncConnectionPool
 from pydantic import BaseModel, ConfigDict, Field
 
-from cdc_pipeline.config import HttpPullDestination, PipelineConfig
+from cdc_pipeline.config import PipelineConfig
 from cdc_pipeline.sinks.base import SinkConfigError
+from cdc_pipeline.sinks.http_pull import HttpPullDestination
 from cdc_pipeline.state.pull_queue import NOTIFY_CHANNEL, PullQueue
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ import pytest
 from cdc_pipeline.config import WebhookDestination
 from cdc_pipeline.sinks import build_sink
 from cdc_pipeline.sinks.base import HELD_NOT_SENT, OutboundMessage, SinkConfigError, SinkUnavailable
-from cdc_pipeline.sinks.webhook import WebhookSink
+from cdc_pipeline.sinks.webhook.client import WebhookSink
 from cdc_pipeline_tests.integration.test_sinks_brokers import messages
 
 # (headers, body) -> (status, response body, seconds to wait before answering)

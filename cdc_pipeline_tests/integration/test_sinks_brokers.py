@@ -32,9 +32,9 @@ from cdc_pipeline.sinks.base import (
     SinkConfigError,
     SinkUnavailable,
 )
-from cdc_pipeline.sinks.nats import NatsSink
-from cdc_pipeline.sinks.rabbitmq import RabbitMQSink
-from cdc_pipeline.sinks.redis_stream import RedisStreamSink
+from cdc_pipeline.sinks.nats.client import NatsSink
+from cdc_pipeline.sinks.rabbitmq.client import RabbitMQSink
+from cdc_pipeline.sinks.redis_stream.client import RedisStreamSink
 from cdc_pipeline_tests.netfaults import TcpProxy
 
 REDIS_PORT = int(os.environ.get("CDC_TEST_REDIS_PORT", "6379"))

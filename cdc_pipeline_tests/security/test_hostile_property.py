@@ -19,7 +19,7 @@ from cdc_pipeline.postgres.catalog import ColumnInfo, TableInfo
 from cdc_pipeline.postgres.compose import execute
 from cdc_pipeline.postgres.keyset import parse_qualified
 from cdc_pipeline.sinks.base import OutboundMessage
-from cdc_pipeline.sinks.postgres import PostgresSink
+from cdc_pipeline.sinks.postgres.client import PostgresSink
 
 NASTY = ["%", "%s", "a%sb", "100%", "%%", '"', '""', "a'b", "'", "$1", "$$", "a$b", "select", "user", "order",
          "from", "table", "ÿ", "日本語", "🙂", "é" * 31, "x" * 63, "é" * 31 + "x", " ", "a b", "a.b", "\\", "{}",

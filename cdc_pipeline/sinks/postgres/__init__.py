@@ -1,0 +1,41 @@
+"""PostgreSQL sink: mirror or append changes into a table of another database.
+
+This package is the whole `postgres` destination type: its config schema (here, light: loading a config
+never imports the client library) and its client (`client.py`, imported only when the sink is built).
+"""
+
+from collections.abc import Mapping
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from cdc_pipeline.config.base import Dsn, StrictModel, identifier, qualify
+from cdc_pipeline.sinks.base import Sink, SinkConfigLike
+
+
+class PostgresDestination(StrictModel):
+    type: Literal["postgres"] = "postgres"
+    dsn: Dsn = Field(min_length=1)
+    table: str
+    mode: Literal["mirror", "append"] = "mirror"
+    # Schemas a data-driven `route` may name (None: any). A route elsewhere parks its message.
+    route_schemas: list[str] | None = Field(default=None, min_length=1)
+
+    @field_validator("route_schemas")
+    @classmethod
+    def _check_route_schemas(cls, value: list[str] | None) -> list[str] | None:
+        return None if value is None else [identifier(v) for v in value]
+
+    @field_validator("table")
+    @classmethod
+    def _check_table(cls, value: str) -> str:
+        # '{schema}' and '{table}' stand for the source table's, so one mirror sink can serve many tables.
+        probe = value.replace("{schema}", "s").replace("{table}", "t")
+        qualify(probe)
+        return value if "." in value else f"public.{value}"
+
+
+def build(sink_config: SinkConfigLike, environ: Mapping[str, str]) -> Sink:
+    from cdc_pipeline.sinks.postgres.client import PostgresSink
+
+    return PostgresSink(sink_config)
