@@ -366,7 +366,10 @@ def test_cli_backfill_runs_with_its_own_drain_and_reports_conflicts(source_db, d
     dest = db_factory()
     source_db.execute("CREATE TABLE public.cl (id int PRIMARY KEY, n int)")
     source_db.execute("INSERT INTO public.cl SELECT g, g % 10 FROM generate_series(1, 500) g")
-    config = write_config(backfill_config(source_db.dsn, dest.dsn, ["public.cl"]))
+    # Pages of 100: the backfill stopped after its first page below still has pages to read (with one page,
+    # the drain could finish it after the stop and the conflict asserted below would not arise).
+    config = write_config(backfill_config(source_db.dsn, dest.dsn, ["public.cl"],
+                                          backfill={"initial_page_size": 100, "max_page_size": 100}))
     setup(config)
     base = ["--config", str(config.path), "backfill"]
     assert cli_main([*base, "public.cl", "--drain", "--json", "--sort-column", "n", "--start", "5"]) == 0
