@@ -8,11 +8,11 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
-import psycopg
 from psycopg import sql
 
 from cdc_pipeline.api_sync.budget import BudgetState, Quota, hint_from_headers, pause, reserve
 from cdc_pipeline.config.api_sources import RateLimitConfig
+from cdc_pipeline.postgres import session
 
 _NOW = "extract(epoch FROM clock_timestamp())::float8"
 
@@ -22,7 +22,7 @@ class SharedBudget:
                  sleep: Callable[[float], bool] | None = None) -> None:
         self.source = source
         self.configured = Quota(rate_limit.requests, rate_limit.per_seconds, rate_limit.share)
-        self._conn = psycopg.connect(dsn, autocommit=True)
+        self._conn = session.connect(dsn, autocommit=True, application_name="cdc_pipeline api-sync")
         self._s = sql.Identifier(schema)
         self._lock = threading.Lock()
         self._sleep = sleep or (lambda s: time.sleep(s) or True)

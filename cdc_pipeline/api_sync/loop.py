@@ -28,6 +28,7 @@ from cdc_pipeline.api_sync.client import ApiClient, ApiError, Stopped
 from cdc_pipeline.api_sync.schema import ensure_api_schema
 from cdc_pipeline.config import ConfigError, PipelineConfig, redact
 from cdc_pipeline.config.api_sources import ApiCollectionConfig, ApiSourceConfig
+from cdc_pipeline.postgres import session
 
 log = logging.getLogger(__name__)
 
@@ -68,9 +69,10 @@ class SourceSync:
     def run(self, until_idle: bool = False, deadline: float | None = None) -> SyncStats:
         started = time.monotonic()
         dest_dsn = self.source.dsn or self.config.source.dsn
-        with psycopg.connect(self.config.state_dsn, autocommit=True) as state:
+        with session.connect(self.config.state_dsn, autocommit=True, application_name="cdc_pipeline api-sync") as state:
             ensure_api_schema(state, self.schema)
-            dest = state if dest_dsn == self.config.state_dsn else psycopg.connect(dest_dsn, autocommit=True)
+            dest = state if dest_dsn == self.config.state_dsn else session.connect(dest_dsn, autocommit=True,
+                                                                                 application_name="cdc_pipeline api-sync")
             budget = SharedBudget(self.config.state_dsn, self.schema, self.source.name, self.source.rate_limit,
                                   sleep=lambda s: not self.stop.wait(s))
             client = ApiClient(self.source, budget, self.stop)

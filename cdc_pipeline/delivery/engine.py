@@ -269,7 +269,7 @@ class Deliverer(Staging, Parking):
 
     def _key_columns(self, table: str) -> tuple[str, ...]:
         if table not in self._keys:
-            with psycopg.connect(self.config.state_dsn) as conn:
+            with session.connect(self.config.state_dsn) as conn:
                 info = self.store.table_info(conn, table)
             self._keys[table] = info.primary_key if info else ()
         return self._keys[table]

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 import psycopg
 from psycopg import sql
 
+from cdc_pipeline.postgres import session
 from cdc_pipeline.postgres.catalog import ColumnInfo, TableInfo, describe_table
 from cdc_pipeline.postgres.compose import execute
 from cdc_pipeline.postgres.keyset import parse_qualified
@@ -45,7 +46,7 @@ class PostgresSink(Sink):
     # -- lifecycle --------------------------------------------------------------------------------
     def open(self) -> None:
         try:
-            self.conn = psycopg.connect(self.dest.dsn)
+            self.conn = session.connect(self.dest.dsn, application_name=f"cdc_pipeline sink {self.name}")
         except psycopg.OperationalError as exc:
             raise SinkUnavailable(f"postgres sink {self.name!r}: cannot connect ({type(exc).__name__})") from exc
         self.conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(OFFSETS_SCHEMA)))
