@@ -7,7 +7,7 @@ due groups are retried in log order, RETRY_CHUNK messages at a time.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import psycopg
 import pyarrow as pa
@@ -44,15 +44,10 @@ class Parking:
     batch_size: int
     _live: Liveness
 
-    def _deliver(self, messages: Sequence[OutboundMessage]) -> list[str | None]:
-        raise NotImplementedError
-
-    def _stage(self, batch: pa.Table, schemas: dict[str, list[dict[str, object]]]
-               ) -> tuple[pa.Table, list[StageFailure]]:
-        raise NotImplementedError
-
-    def _schemas(self, conn: psycopg.Connection) -> dict[str, list[dict[str, object]]]:
-        raise NotImplementedError
+    # Provided by the Deliverer and the Staging mixin (declared here for the type checker only).
+    _deliver: Callable[[Sequence[OutboundMessage]], list[str | None]]
+    _stage: Callable[[pa.Table, dict[str, list[dict[str, object]]]], tuple[pa.Table, list[StageFailure]]]
+    _schemas: Callable[[psycopg.Connection], dict[str, list[dict[str, object]]]]
 
     def _park_failures(self, conn: psycopg.Connection, sent: Sequence[OutboundMessage],
                        results: Sequence[str | None], held: Sequence[OutboundMessage],

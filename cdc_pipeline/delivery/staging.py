@@ -4,6 +4,7 @@ those are parked, not the batch: a mixin of the Deliverer."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import pyarrow as pa
 from pyspark.errors import AnalysisException, ParseException
@@ -36,6 +37,7 @@ class Staging:
     spark: SparkSession
     plan: SinkPlan
     sink_config: SinkConfig
+    _key_columns: Callable[[str], tuple[str, ...]]  # the Deliverer's: a table's primary key columns
 
     def _stage(self, batch: pa.Table, schemas: dict[str, list[dict[str, object]]]
                ) -> tuple[pa.Table, list[StageFailure]]:
@@ -44,9 +46,6 @@ class Staging:
         batch = rows.coalesce(batch, self.sink_config.deletes)  # rows.py: row streams, any sink type
         out, failed = self._stage_changes(batch, schemas)
         return rows.reshape(out, rows.deleted_keys(batch, self._key_columns)), failed
-
-    def _key_columns(self, table: str) -> tuple[str, ...]:
-        raise NotImplementedError  # the Deliverer's: primary key columns per table, from the state database
 
     def _stage_changes(self, batch: pa.Table, schemas: dict[str, list[dict[str, object]]]
                        ) -> tuple[pa.Table, list[StageFailure]]:

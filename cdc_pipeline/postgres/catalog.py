@@ -18,28 +18,19 @@ WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped
 ORDER BY a.attnum
 """
 
-_PK_ORDER = """
+# The columns of a table's primary key or REPLICA IDENTITY USING INDEX index, in index order.
+_INDEX_COLUMNS = """
 SELECT a.attname
 FROM pg_index i
 JOIN pg_class c ON c.oid = i.indrelid
 JOIN pg_namespace n ON n.oid = c.relnamespace
 JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) ON true
 JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = k.attnum
-WHERE n.nspname = %s AND c.relname = %s AND i.indisprimary
+WHERE n.nspname = %s AND c.relname = %s AND i.{flag}
 ORDER BY k.ord
 """
-
-# The columns of the index chosen by REPLICA IDENTITY USING INDEX, in index order.
-_IDENTITY_INDEX = """
-SELECT a.attname
-FROM pg_index i
-JOIN pg_class c ON c.oid = i.indrelid
-JOIN pg_namespace n ON n.oid = c.relnamespace
-JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) ON true
-JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = k.attnum
-WHERE n.nspname = %s AND c.relname = %s AND i.indisreplident
-ORDER BY k.ord
-"""
+_PK_ORDER = _INDEX_COLUMNS.format(flag="indisprimary")
+_IDENTITY_INDEX = _INDEX_COLUMNS.format(flag="indisreplident")
 
 
 @dataclass(frozen=True, slots=True)
