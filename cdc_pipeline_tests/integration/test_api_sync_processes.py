@@ -79,7 +79,10 @@ def test_two_processes_share_the_budget_and_stop_on_sigterm(source_db, tmp_path)
         path.write_text(yaml.safe_dump(api_config(source_db.dsn, source)))
         env = {"REST_TOKEN": api.bearer}
         procs = [_start(path, env) for _ in range(2)]
-        time.sleep(8)
+        # Count from the first request, not from the start: two interpreters starting on a busy machine
+        # can take seconds before either asks anything.
+        _wait_for(lambda: len(api.data_log()) > 0, 60)
+        time.sleep(7)
         for p in procs:
             p.send_signal(signal.SIGTERM)
         outs = [p.communicate(timeout=20) for p in procs]
