@@ -38,6 +38,8 @@ def mirror_config(source_dsn: str, dest_dsn: str, tables: list[str | dict[str, A
 class OpenPage:
     backfill_id: str
     rows: int  # rows read and staged
+    token: str  # the page's snapshot token, which its high watermark carries
+    mac_key: str  # the backfill's watermark key
     close: Callable[[], None]  # emit the high watermark and release the backfill
 
 
@@ -53,14 +55,15 @@ def backfill_page(config: PipelineConfig, table: str, limit: int) -> Iterator[Op
         src.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
         shape = table_shape(src, spec)
         bid, _ = store.claim(state, spec, shape.primary_key, shape.keyset, "test", None)
-        emit(src, Watermark(bid, 0, "low"), store.mac_key(state, bid))
+        key = store.mac_key(state, bid)
+        emit(src, Watermark(bid, 0, "low"), key)
         page = PageReader(schema, spec, shape, True, 5000).read_and_stage(src, state, bid, 0, None, limit)
 
         def close() -> None:
-            emit(src, Watermark(bid, 0, "high", token=page.token), store.mac_key(state, bid))
+            emit(src, Watermark(bid, 0, "high", token=page.token), key)
             store.release(state, bid)
 
-        yield OpenPage(bid, page.rows, close)
+        yield OpenPage(bid, page.rows, page.token, key, close)
 
 
 def drain(config: PipelineConfig) -> DrainStats:
