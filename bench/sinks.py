@@ -1,4 +1,5 @@
-"""Sink throughput at the sink interface: msgs/s through `deliver()` against the real local servers.
+"""Sink throughput as the engine drives a sink (delivery/dispatch.py: rounds for sinks that pipeline):
+msgs/s against the real local servers.
 
     python bench/sinks.py                        # 200,000 messages of ~250 bytes, every sink
     python bench/sinks.py --sinks redis,nats --messages 50000 --grouped
@@ -37,6 +38,7 @@ from cdc_pipeline.config import (  # noqa: E402 (after the path set-up, so it ru
     RedisStreamDestination,
     WebhookDestination,
 )
+from cdc_pipeline.delivery.dispatch import deliver_in_order  # noqa: E402
 from cdc_pipeline.sinks import build_sink  # noqa: E402
 from cdc_pipeline.sinks.base import OutboundMessage, Sink  # noqa: E402
 
@@ -203,11 +205,11 @@ def webhook_dest(kind: str, chunk: int) -> Iterator[Any]:
 
 
 def run(sink: Sink, batch: list[OutboundMessage], per_call: int) -> float:
-    sink.deliver(batch[:1000])  # warm-up: connections, JIT-free but caches and pools
+    deliver_in_order(sink, batch[:1000])  # warm-up: connections, JIT-free but caches and pools
     started = time.perf_counter()
     for i in range(0, len(batch), per_call):
         part = batch[i:i + per_call]
-        results = sink.deliver(part)
+        results = deliver_in_order(sink, part)  # the engine's path: rounds for sinks that pipeline
         failed = [r for r in results if r is not None]
         if failed:
             raise SystemExit(f"{sink.name}: {len(failed)} messages failed, e.g. {failed[0]}")

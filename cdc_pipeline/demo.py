@@ -22,12 +22,11 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import psycopg
 import yaml
 
 from cdc_pipeline.config import ConfigError, load_config
 from cdc_pipeline.dagster_dev import DagsterDev
-from cdc_pipeline.postgres import embedded
+from cdc_pipeline.postgres import embedded, session
 from cdc_pipeline.setup import setup
 
 DEMO_DIR_ENV = "CDC_DEMO_DIR"
@@ -50,7 +49,7 @@ HISTORY_DAYS = 4
 
 def _load(dsn: str, stop: threading.Event, per_second: float = 20.0) -> None:
     """A small steady write load: new orders, status changes, the odd delete."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with session.connect(dsn, autocommit=True) as conn:
         while not stop.wait(1.0 / per_second):
             r = random.random()
             if r < 0.5:
@@ -97,7 +96,7 @@ def prepare(root: Path) -> tuple[embedded.EmbeddedPostgres, Path]:
         cluster.start()
     for db in ("demo", "demo_mirror", "dagster"):
         cluster.create_database(db)
-    with psycopg.connect(cluster.dsn("demo"), autocommit=True) as conn:
+    with session.connect(cluster.dsn("demo"), autocommit=True) as conn:
         conn.execute(SCHEMA.replace("%(days)s", str(HISTORY_DAYS)))
     first_day = (datetime.now(UTC) - timedelta(days=HISTORY_DAYS + 1)).date().isoformat()
     cfg = {

@@ -8,7 +8,7 @@ from psycopg import sql
 
 from cdc_pipeline.config import PipelineConfig, TableConfig, redact
 from cdc_pipeline.findings import Finding
-from cdc_pipeline.postgres import catalog
+from cdc_pipeline.postgres import catalog, session
 from cdc_pipeline.state.schema import ensure_schema, pending_migrations
 
 __all__ = ["Finding", "SetupError", "check", "setup"]
@@ -22,7 +22,7 @@ def check(config: PipelineConfig, sinks: bool = True) -> list[Finding]:
     out: list[Finding] = []
     described: dict[str, catalog.TableInfo] = {}
     try:
-        conn = psycopg.connect(config.source.dsn, autocommit=True, connect_timeout=10)
+        conn = session.connect(config.source.dsn, autocommit=True)
     except psycopg.Error as exc:  # a parse error (ProgrammingError) quotes the DSN too: redacted below
         return [Finding("error", "source", f"cannot connect: {redact(str(exc)).strip()}")]
     with conn:
@@ -154,7 +154,7 @@ def _slot_findings(name: str, slot: dict[str, object], database: str) -> list[Fi
 def _state_findings(config: PipelineConfig) -> list[Finding]:
     schema = config.state.schema_name
     try:
-        state = psycopg.connect(config.state_dsn, autocommit=True, connect_timeout=10)
+        state = session.connect(config.state_dsn, autocommit=True)
     except psycopg.Error as exc:  # a parse error (ProgrammingError) quotes the DSN too: redacted below
         return [Finding("error", "state", f"cannot connect: {redact(str(exc)).strip()}")]
     with state:
@@ -195,10 +195,10 @@ def setup(config: PipelineConfig) -> list[str]:
     # Reach the state database before creating anything, and create the slot last: a slot left behind
     # by a failed setup would hold WAL on the source for good.
     try:
-        state = psycopg.connect(config.state_dsn, connect_timeout=10)
+        state = session.connect(config.state_dsn)
     except psycopg.Error as exc:  # a parse error (ProgrammingError) quotes the DSN too: redacted below
         raise SetupError(f"ERROR   state: cannot connect: {redact(str(exc)).strip()}") from exc
-    with state, psycopg.connect(config.source.dsn, autocommit=True) as conn:
+    with state, session.connect(config.source.dsn, autocommit=True) as conn:
         pub = config.source.publication
         published = catalog.publication_tables(conn, pub)
         tables = [sql.Identifier(t.schema_name, t.table_name) for t in config.tables]

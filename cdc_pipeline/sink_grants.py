@@ -7,6 +7,7 @@ import psycopg
 
 from cdc_pipeline.config import PipelineConfig, redact
 from cdc_pipeline.findings import Finding
+from cdc_pipeline.postgres import session
 from cdc_pipeline.postgres.keyset import parse_qualified
 
 OFFSETS_SCHEMA = "cdc_pipeline_sink"  # sinks/postgres/client.py keeps its position there
@@ -27,7 +28,7 @@ def postgres_sink_findings(config: PipelineConfig) -> list[Finding]:
             except (ValueError, KeyError, IndexError):
                 continue  # the config check reports the template
         try:
-            conn = psycopg.connect(dest.dsn, autocommit=True, connect_timeout=10)
+            conn = session.connect(dest.dsn, autocommit=True)
         except psycopg.Error as exc:
             out.append(Finding("error", where, f"cannot connect: {redact(str(exc)).strip()}"))
             continue

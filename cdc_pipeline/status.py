@@ -12,7 +12,7 @@ import psycopg
 
 from cdc_pipeline.config import PipelineConfig
 from cdc_pipeline.delivery.backlog import problem as backlog_problem
-from cdc_pipeline.postgres import catalog
+from cdc_pipeline.postgres import catalog, session
 from cdc_pipeline.state import stats
 from cdc_pipeline.state.pull_queue import PullQueue
 from cdc_pipeline.state.schema import schema_exists
@@ -22,9 +22,9 @@ from cdc_pipeline.state.store import Store
 def collect(config: PipelineConfig) -> dict[str, Any]:
     out: dict[str, Any] = {"slot": None, "log": None, "sinks": {}}
     schema = config.state.schema_name
-    with psycopg.connect(config.source.dsn, autocommit=True) as src:
+    with session.connect(config.source.dsn, autocommit=True) as src:
         slot = catalog.slot_info(src, config.source.slot)
-    with psycopg.connect(config.state_dsn, autocommit=True) as conn:
+    with session.connect(config.state_dsn, autocommit=True) as conn:
         if not schema_exists(conn, schema):
             out["error"] = "state schema missing: run `cdc-pipeline setup`"
             return out

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 
+from cdc_pipeline.backfill.reader import PageReader, emit
+from cdc_pipeline.backfill.request import BackfillRequest, resolve, table_shape
+from cdc_pipeline.backfill.state import BackfillStore
+from cdc_pipeline.backfill.watermark import Watermark
 from cdc_pipeline.capture.drain import Drain, DrainStats
 from cdc_pipeline.config import PipelineConfig
 from cdc_pipeline.delivery.engine import Deliverer, DeliveryStats
+from cdc_pipeline.postgres import session
 
 
 def mirror_config(source_dsn: str, dest_dsn: str, tables: list[str | dict[str, Any]],
@@ -24,6 +32,38 @@ def mirror_config(source_dsn: str, dest_dsn: str, tables: list[str | dict[str, A
                    "destination": {"type": "postgres", "dsn": dest_dsn, "table": target, "mode": "mirror"},
                    **sink}],
     }
+
+
+@dataclass(frozen=True)
+class OpenPage:
+    backfill_id: str
+    rows: int  # rows read and staged
+    token: str  # the page's snapshot token, which its high watermark carries
+    mac_key: str  # the backfill's watermark key
+    close: Callable[[], None]  # emit the high watermark and release the backfill
+
+
+@contextmanager
+def backfill_page(config: PipelineConfig, table: str, limit: int) -> Iterator[OpenPage]:
+    """The first page of a backfill of `table`, by hand: claimed, low watermark, read and staged; the test
+    acts between the watermarks, then calls `close()`. The sessions stay open until the block ends."""
+    spec = resolve(config, BackfillRequest(table))
+    schema = config.state.schema_name
+    store = BackfillStore(schema)
+    with session.connect(config.source.dsn, autocommit=True) as src, \
+            session.connect(config.state_dsn, autocommit=True) as state:
+        src.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        shape = table_shape(src, spec)
+        bid, _ = store.claim(state, spec, shape.primary_key, shape.keyset, "test", None)
+        key = store.mac_key(state, bid)
+        emit(src, Watermark(bid, 0, "low"), key)
+        page = PageReader(schema, spec, shape, True, 5000).read_and_stage(src, state, bid, 0, None, limit)
+
+        def close() -> None:
+            emit(src, Watermark(bid, 0, "high", token=page.token), key)
+            store.release(state, bid)
+
+        yield OpenPage(bid, page.rows, page.token, key, close)
 
 
 def drain(config: PipelineConfig) -> DrainStats:

@@ -22,6 +22,7 @@ from cdc_pipeline.api_sync.budget import Quota
 from cdc_pipeline.api_sync.schema import api_schema_exists
 from cdc_pipeline.config import PipelineConfig
 from cdc_pipeline.config.api_sources import ApiSourceConfig
+from cdc_pipeline.postgres import session
 
 
 def computed_max_lag(collections: int, quota: Quota, factor: float = 1.0) -> float:
@@ -38,7 +39,7 @@ def collect(config: PipelineConfig, conn: psycopg.Connection | None = None) -> d
     if not config.api_sources:
         return {}
     if conn is None:
-        with psycopg.connect(config.state_dsn, autocommit=True) as own:
+        with session.connect(config.state_dsn, autocommit=True) as own:
             return collect(config, own)
     schema = config.state.schema_name
     if not api_schema_exists(conn, schema):

@@ -3,23 +3,22 @@
 
 from __future__ import annotations
 
-import psycopg
-
 from cdc_pipeline.api_sync import writer
 from cdc_pipeline.api_sync.schema import api_schema_exists, ensure_api_schema
 from cdc_pipeline.config import PipelineConfig
+from cdc_pipeline.postgres import session
 
 
 def setup_api_sync(config: PipelineConfig) -> list[str]:
     if not config.api_sources:
         return []
     done: list[str] = []
-    with psycopg.connect(config.state_dsn, autocommit=True) as state:
+    with session.connect(config.state_dsn, autocommit=True) as state:
         if not api_schema_exists(state, config.state.schema_name):
             done.append(f"created api sync state tables in {config.state.schema_name}")
         ensure_api_schema(state, config.state.schema_name)
     for source in config.api_sources:
-        with psycopg.connect(source.dsn or config.source.dsn, autocommit=True) as dest:
+        with session.connect(source.dsn or config.source.dsn, autocommit=True) as dest:
             for coll in source.collections:
                 exists = dest.execute("SELECT to_regclass(%s)", (coll.table,)).fetchone()
                 writer.ensure_table(dest, coll)

@@ -33,7 +33,7 @@ from cdc_pipeline.backfill.request import BackfillRequest, TableShape, resolve, 
 from cdc_pipeline.backfill.state import BackfillConflict, BackfillStore
 from cdc_pipeline.backfill.watermark import Watermark, page_token
 from cdc_pipeline.config import PipelineConfig
-from cdc_pipeline.postgres.session import SESSION_OPTIONS
+from cdc_pipeline.postgres import session
 
 __all__ = ["Backfiller", "BackfillRequest", "Progress", "TableShape", "page_sql", "resolve"]
 
@@ -75,13 +75,11 @@ class Backfiller:
     # -- the run ----------------------------------------------------------------------------------
     def run(self) -> Progress:
         started = time.monotonic()
-        src = psycopg.connect(self.config.source.dsn, autocommit=True, options=SESSION_OPTIONS,
-                              application_name=APP_NAME)
+        src = session.connect(self.config.source.dsn, autocommit=True, application_name=APP_NAME)
         state: psycopg.Connection | None = None
         try:
             src.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
-            state = psycopg.connect(self.config.state_dsn, autocommit=True, options=SESSION_OPTIONS,
-                                    application_name=APP_NAME)
+            state = session.connect(self.config.state_dsn, autocommit=True, application_name=APP_NAME)
             shape = table_shape(src, self.spec)
             reader = PageReader(self.config.state.schema_name, self.spec, shape, self.same_db, self.max_query_ms)
             warnings = []

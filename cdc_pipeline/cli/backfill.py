@@ -16,6 +16,7 @@ import click
 
 from cdc_pipeline.cli.common import Verb, config_option, examples, load, stop_on_signals
 from cdc_pipeline.config import ConfigError, PipelineConfig
+from cdc_pipeline.postgres import session
 
 if TYPE_CHECKING:  # the engine pulls in psycopg and pyarrow: only when the verb runs
     from cdc_pipeline.backfill.engine import Backfiller, Progress
@@ -87,14 +88,13 @@ def backfill(ctx: click.Context, target: str, backfill_id: str | None, sinks: tu
 
 
 def _manage(config: PipelineConfig, action: str, backfill_id: str | None, every: bool, out: Output) -> int:
-    import psycopg
 
     from cdc_pipeline.backfill.engine import Backfiller, BackfillRequest
     from cdc_pipeline.backfill.progress import describe_backfill
     from cdc_pipeline.backfill.state import BackfillError, BackfillStore
 
     store = BackfillStore(config.state.schema_name)
-    with psycopg.connect(config.state_dsn, autocommit=True) as conn:
+    with session.connect(config.state_dsn, autocommit=True) as conn:
         if action == "list":
             items = store.list(conn, active_only=not every)
             if out.as_json:

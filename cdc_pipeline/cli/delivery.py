@@ -9,6 +9,7 @@ import click
 
 from cdc_pipeline.cli.common import Verb, config_option, examples, load, stop_on_signals, until_options
 from cdc_pipeline.config import ConfigError
+from cdc_pipeline.postgres import session
 
 
 @click.command(cls=Verb, short_help="deliver the change log to sinks", epilog=examples(
@@ -66,7 +67,6 @@ def failed(ctx: click.Context, action: str, message_id: str | None, every: bool,
            sink: str | None, as_json: bool) -> int:
     """List, retry or discard parked messages. ID is a message's commit_lsn:commit_idx (from `failed list`).
     Retry/discard exit 1 when no message matched an ID."""
-    import psycopg
 
     from cdc_pipeline.state.store import Store
 
@@ -74,7 +74,7 @@ def failed(ctx: click.Context, action: str, message_id: str | None, every: bool,
     if sink:
         config.sink(sink)  # unknown sink: a clear error
     store = Store(config.state.schema_name)
-    with psycopg.connect(config.state_dsn) as conn:
+    with session.connect(config.state_dsn) as conn:
         if action == "list":
             items = store.list_failed(conn, sink)
             if as_json:

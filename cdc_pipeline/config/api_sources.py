@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from cdc_pipeline.config.base import ENV_NAME_RE, SINK_NAME_RE, Dsn, StrictModel, identifier, qualify
+from cdc_pipeline.config.base import ENV_NAME_RE, Dsn, Name, StrictModel, identifier, qualify
 from cdc_pipeline.config.errors import Loc, fail
 
 # Postgres types a selected field may be stored as (typed column next to the whole record as jsonb).
@@ -120,7 +120,7 @@ DEFAULT_FIELDS = {  # source type -> (id field, modification-time cursor field)
 
 
 class ApiSourceConfig(StrictModel):
-    name: str
+    name: Name
     type: Literal["salesforce", "hubspot", "rest"]
     base_url: str
     auth: Auth | None = None
@@ -146,13 +146,6 @@ class ApiSourceConfig(StrictModel):
             for c in data["collections"]
         ]
         return {**data, "collections": collections}
-
-    @field_validator("name")
-    @classmethod
-    def _check_name(cls, value: str) -> str:
-        if not SINK_NAME_RE.match(value):
-            raise ValueError(f"must be 1-63 letters, digits, '_' or '-' (got {value!r})")
-        return value
 
     @field_validator("base_url")
     @classmethod

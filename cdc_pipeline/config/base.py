@@ -92,3 +92,13 @@ class StrictModel(BaseModel):
 
 # A PostgreSQL connection string, checked at load (see `dsn`).
 Dsn = Annotated[str, AfterValidator(dsn)]
+
+
+def pipeline_name(value: str) -> str:
+    """A sink's or API source's name: it names locks, offsets and Dagster assets."""
+    if not SINK_NAME_RE.match(value):
+        raise ValueError(f"must be 1-63 letters, digits, '_' or '-' (got {value!r})")
+    return value
+
+
+Name = Annotated[str, AfterValidator(pipeline_name)]

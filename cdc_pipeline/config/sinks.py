@@ -9,7 +9,7 @@ from pydantic import (
     model_validator,
 )
 
-from cdc_pipeline.config.base import CALLABLE_RE, SINK_NAME_RE, StrictModel, qualify
+from cdc_pipeline.config.base import CALLABLE_RE, Name, StrictModel, qualify
 from cdc_pipeline.config.destinations import Destination
 from cdc_pipeline.config.errors import Loc, fail, kind_of
 
@@ -31,7 +31,7 @@ Action = Literal["insert", "update", "delete"]
 
 
 class SinkConfig(StrictModel):
-    name: str
+    name: Name
     tables: list[str] = Field(min_length=1)
     actions: list[Action] = Field(default_factory=lambda: ["insert", "update", "delete"], min_length=1)
     filter: str | None = Field(default=None, min_length=1)  # Spark SQL boolean expression
@@ -47,13 +47,6 @@ class SinkConfig(StrictModel):
     stream: Literal["changes", "rows"] = "changes"
     deletes: bool = False  # rows only: send `{"record": <old key>, "deleted": true}` for a deleted row
     destination: Destination
-
-    @field_validator("name")
-    @classmethod
-    def _check_name(cls, value: str) -> str:
-        if not SINK_NAME_RE.match(value):
-            raise ValueError(f"must be 1-63 letters, digits, '_' or '-' (got {value!r})")
-        return value
 
     @field_validator("tables")
     @classmethod

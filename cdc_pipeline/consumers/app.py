@@ -26,6 +26,7 @@ from psycopg_pool import AsyncConnectionPool
 from pydantic import BaseModel, ConfigDict, Field
 
 from cdc_pipeline.config import PipelineConfig
+from cdc_pipeline.postgres import session
 from cdc_pipeline.sinks.base import SinkConfigError
 from cdc_pipeline.sinks.http_pull import HttpPullDestination
 from cdc_pipeline.state.pull_queue import NOTIFY_CHANNEL, PullQueue
@@ -105,7 +106,8 @@ class Wakeups:
         """LISTEN forever, reconnecting; without it long-polls still see messages within POLL_SECONDS."""
         while True:
             try:
-                async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+                info = session.conninfo(dsn, application_name="cdc_pipeline serve listen")
+                async with await psycopg.AsyncConnection.connect(info, autocommit=True) as conn:
                     await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
                     log.info("listening for queued messages on channel %s", NOTIFY_CHANNEL)
                     async for note in conn.notifies():
@@ -122,7 +124,9 @@ def create_app(config: PipelineConfig, environ: Mapping[str, str] = os.environ, 
     consumers = consumers_of(config, environ)
     queue = PullQueue(config.state.schema_name)
     wakeups = Wakeups(list(consumers))
-    pool = AsyncConnectionPool(config.state_dsn, min_size=1, max_size=pool_size, open=False,
+    # The session settings every connection gets (connect timeout, keepalives): see postgres/session.py.
+    pool = AsyncConnectionPool(session.conninfo(config.state_dsn, application_name="cdc_pipeline serve"),
+                               min_size=1, max_size=pool_size, open=False,
                                kwargs={"autocommit": True}, name="cdc_pipeline.serve")
 
     @contextlib.asynccontextmanager

@@ -17,7 +17,6 @@ import math
 from datetime import UTC, datetime
 from typing import Any
 
-import psycopg
 from dagster import (
     AssetCheckExecutionContext,
     AssetCheckResult,
@@ -53,6 +52,7 @@ from cdc_pipeline.config import ConfigError, PipelineConfig, TableConfig, redact
 from cdc_pipeline.config.errors import without_secrets
 from cdc_pipeline.defs.resources import CdcConfigResource
 from cdc_pipeline.defs.translator import CdcTranslator
+from cdc_pipeline.postgres import session
 
 KIND_TAG = "cdc_pipeline/kind"  # dagster.yaml limits runs tagged backfill to 2 at a time
 BACKFILL_TAGS = {KIND_TAG: "backfill"}
@@ -202,7 +202,7 @@ def build_backfill_check(table: TableConfig, translator: CdcTranslator) -> Asset
 
 def last_backfill(pipeline: PipelineConfig, table: TableConfig) -> BackfillInfo | None:
     store = BackfillStore(pipeline.state.schema_name)
-    with psycopg.connect(pipeline.state_dsn, autocommit=True) as conn:
+    with session.connect(pipeline.state_dsn, autocommit=True) as conn:
         return next((i for i in store.list(conn, limit=200) if i.table == table.qualified), None)
 
 

@@ -12,7 +12,6 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import psycopg
 from dagster import (
     AssetCheckResult,
     AssetExecutionContext,
@@ -38,6 +37,7 @@ from cdc_pipeline.defs.resources import CdcConfigResource, SinksResource, SparkR
 from cdc_pipeline.defs.runs import AFTER_TAG, KIND_TAG, NO_RUN_RETRIES, next_run, wait_for_predecessor
 from cdc_pipeline.defs.streaming import stream_while
 from cdc_pipeline.delivery.engine import Deliverer, DeliveryStats
+from cdc_pipeline.postgres import session
 from cdc_pipeline.state.store import Store
 
 SINK_TAG = "cdc_pipeline/sink"
@@ -127,7 +127,7 @@ def due_sinks(pipeline: PipelineConfig) -> list[str]:
     """Sinks with work: messages after their offset, or parked messages whose retry is due."""
     store = Store(pipeline.state.schema_name)
     out = []
-    with psycopg.connect(pipeline.state_dsn, autocommit=True, connect_timeout=10) as conn:
+    with session.connect(pipeline.state_dsn, autocommit=True) as conn:
         for sink in pipeline.sinks:
             offset = store.sink_offset(conn, sink.name)
             if store.backlog(conn, sink.tables, offset, sink.name, 1) or store.due_retries(conn, sink.name, 1):

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import psycopg
 from dagster import AssetCheckEvaluation, AssetCheckSeverity, AssetCheckSpec, AssetKey
 from psycopg import sql
 
 from cdc_pipeline.config import PipelineConfig, SinkConfig
 from cdc_pipeline.delivery.backlog import problem as backlog_problem
-from cdc_pipeline.postgres import catalog
+from cdc_pipeline.postgres import catalog, session
 from cdc_pipeline.state.store import Store
 
 SLOT_LAG_CHECK = "slot_lag_below_max"
@@ -40,9 +39,9 @@ def sink_check_specs(key: AssetKey) -> list[AssetCheckSpec]:
 def slot_figures(pipeline: PipelineConfig) -> dict[str, Any]:
     """The slot's lag: WAL bytes not yet acknowledged, and (when there are any) seconds since the drain
     last committed to the log (it commits at least every heartbeat, so a live drain stays low)."""
-    with psycopg.connect(pipeline.source.dsn, autocommit=True, connect_timeout=10) as src:
+    with session.connect(pipeline.source.dsn, autocommit=True) as src:
         slot = catalog.slot_info(src, pipeline.source.slot)
-    with psycopg.connect(pipeline.state_dsn, autocommit=True, connect_timeout=10) as conn:
+    with session.connect(pipeline.state_dsn, autocommit=True) as conn:
         committed, since_commit = Store(pipeline.state.schema_name).slot_progress(conn, pipeline.source.slot)
     if slot is None:
         return {"slot": pipeline.source.slot, "slot_exists": False, "committed_lsn": committed}
@@ -68,7 +67,7 @@ def slot_check(pipeline: PipelineConfig, key: AssetKey, figures: dict[str, Any])
 
 def sink_figures(pipeline: PipelineConfig, sink: SinkConfig) -> dict[str, Any]:
     store = Store(pipeline.state.schema_name)
-    with psycopg.connect(pipeline.state_dsn, autocommit=True, connect_timeout=10) as conn:
+    with session.connect(pipeline.state_dsn, autocommit=True) as conn:
         offset = store.sink_offset(conn, sink.name)
         age = store.oldest_age(conn, sink.tables, offset, sink=sink.name)
         backlog = store.backlog(conn, sink.tables, offset, sink.name, BACKLOG_LIMIT) if age is not None else 0

@@ -1,8 +1,9 @@
 """Delivery of one sink: log -> Spark stage -> sink, with parking, retries and per-group order.
 
 Each micro-batch: load the log after the sink's offset, run the Spark stage, hold back messages whose
-group already has a parked message, hand the rest to the sink, park what failed (and what is behind it
-in its group), then advance the sink's offset past the whole batch. So a poison message never stalls
+group already has a parked message, hand the rest to the sink in the calls its ordering needs
+(dispatch.py, ordering.py), park what failed (and what is behind it in its group), then advance the
+sink's offset past the whole batch. So a poison message never stalls
 the other groups, and a group never delivers a message before an earlier one of its own.
 """
 
@@ -24,8 +25,10 @@ from pyspark.sql import SparkSession
 from cdc_pipeline.config import PipelineConfig, SinkConfig
 from cdc_pipeline.delivery import backlog
 from cdc_pipeline.delivery.backoff import next_delay_ms
+from cdc_pipeline.delivery.dispatch import deliver_in_order
+from cdc_pipeline.delivery.ordering import position_of, split_held
 from cdc_pipeline.delivery.outage import DestinationDown, Liveness, all_down, transient
-from cdc_pipeline.delivery.parking import Parking, messages_from, position_of
+from cdc_pipeline.delivery.parking import Parking, messages_from
 from cdc_pipeline.delivery.spark_stage import SinkPlan, empty_output
 from cdc_pipeline.delivery.staging import StageFailure, Staging
 from cdc_pipeline.delivery.stats import DeliveryStats
@@ -37,9 +40,6 @@ from cdc_pipeline.state.store import Position, Store
 __all__ = ["Deliverer", "DeliveryStats", "SinkBusy"]
 
 log = logging.getLogger(__name__)
-
-MAX_POS: Position = (2**63 - 1, 2**31 - 1)
-
 
 class SinkBusy(RuntimeError):
     pass
@@ -226,22 +226,10 @@ class Deliverer(Staging, Parking):
             return last
         name = self.sink_config.name
         blocked = self.store.parked_groups(conn, name) if self.sink_config.message_grouping else set()
-        # A message the stage could not process blocks the later messages of its group too.
-        first_failed: dict[str, Position] = {}
-        for pos, g, _ in stage_failed:
-            if g is not None:
-                first_failed[g] = min(pos, first_failed.get(g, pos))
-
-        def is_held(m: OutboundMessage) -> bool:
-            return m.group is not None and (m.group in blocked or position_of(m) > first_failed.get(m.group, MAX_POS))
-
-        send = [m for m in messages if not is_held(m)]
-        held = [m for m in messages if is_held(m)]
+        send, held = split_held(messages, blocked, [(pos, g) for pos, g, _ in stage_failed])
         # Those are parked only by the state commit below: the sink must not record a position past them.
         kept_back = [position_of(m) for m in held] + [pos for pos, _, _ in stage_failed]
-        assert self.sink is not None
-        self.sink.hold_position_below(min(kept_back) if kept_back else None)
-        results = self._deliver(send)
+        results = self._deliver(send, min(kept_back) if kept_back else None)
         cause = all_down(results)
         if cause is not None:
             raise DestinationDown(f"sink {name!r}: nothing acknowledged: {cause}")
@@ -256,14 +244,12 @@ class Deliverer(Staging, Parking):
         stats.parked += parked
         return last
 
-    def _deliver(self, messages: Sequence[OutboundMessage]) -> list[str | None]:
+    def _deliver(self, messages: Sequence[OutboundMessage], kept_back: Position | None = None) -> list[str | None]:
+        """Per message: None (delivered), its error, or held behind its group's failure (ordering.py)."""
         if not messages:
             return []
         assert self.sink is not None
-        results = self.sink.deliver(messages)
-        if len(results) != len(messages):
-            raise RuntimeError(f"sink {self.sink_config.name!r} returned {len(results)} results "
-                               f"for {len(messages)} messages")
+        results = deliver_in_order(self.sink, messages, kept_back)
         self._live.saw(results)
         return results
 

@@ -19,7 +19,8 @@ from collections.abc import Sequence
 
 import psycopg
 
-from cdc_pipeline.sinks.base import SinkUnavailable, Unreachable, is_held
+from cdc_pipeline.delivery.ordering import HELD
+from cdc_pipeline.sinks.base import SinkUnavailable, Unreachable
 from cdc_pipeline.state.store import Position
 
 # SQLSTATE classes that heal by themselves: connection exception, insufficient resources, operator
@@ -39,7 +40,7 @@ def all_down(results: Sequence[str | None]) -> str | None:
             return None
         if isinstance(r, Unreachable):
             cause = cause or r
-        elif not is_held(r):
+        elif r != HELD:
             return None  # rejected by a destination that answered
     return cause
 

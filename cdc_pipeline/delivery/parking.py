@@ -14,13 +14,13 @@ import pyarrow as pa
 
 from cdc_pipeline.config import SinkConfig
 from cdc_pipeline.delivery.backoff import next_delay_ms
+from cdc_pipeline.delivery.ordering import HELD, position_of, split_held
 from cdc_pipeline.delivery.outage import Liveness
 from cdc_pipeline.delivery.staging import NotIsolated, StageFailure
 from cdc_pipeline.delivery.stats import DeliveryStats
 from cdc_pipeline.sinks.base import OutboundMessage, Sink
 from cdc_pipeline.state.store import Position, Store
 
-HELD = "held behind an earlier failed message of its group"
 # Parked messages due for a retry are staged this many at a time: a transform failing on several of
 # them then costs a bounded bisection, not one over everything due.
 RETRY_CHUNK = 256
@@ -32,11 +32,6 @@ def messages_from(out: pa.Table) -> list[OutboundMessage]:
             for lsn, idx, group, route, payload in zip(*cols, strict=True)]
 
 
-def position_of(message: OutboundMessage) -> Position:
-    lsn, _, idx = message.key.partition(":")
-    return int(lsn), int(idx)
-
-
 class Parking:
     sink_config: SinkConfig
     store: Store
@@ -45,7 +40,7 @@ class Parking:
     _live: Liveness
 
     # Provided by the Deliverer and the Staging mixin (declared here for the type checker only).
-    _deliver: Callable[[Sequence[OutboundMessage]], list[str | None]]
+    _deliver: Callable[[Sequence[OutboundMessage]], list[str | None]]  # held ones come back as HELD
     _stage: Callable[[pa.Table, dict[str, list[dict[str, object]]]], tuple[pa.Table, list[StageFailure]]]
     _schemas: Callable[[psycopg.Connection], dict[str, list[dict[str, object]]]]
 
@@ -104,14 +99,8 @@ class Parking:
         for m in messages:  # the group a message was parked under is the one that orders it
             m.group = groups[position_of(m)]
         # Nothing is sent behind a message of its group that the stage could not process.
-        first_failure: dict[str | None, Position] = {}
-        for pos in sorted(failed_at):
-            first_failure.setdefault(groups[pos], pos)
-        sendable = [m for m in messages
-                    if m.group not in first_failure or position_of(m) < first_failure[m.group]]
-        assert self.sink is not None
-        self.sink.hold_position_below(None)  # retries are behind the offset: recording them moves nothing
-        sent = self._deliver(sendable)
+        sendable, _ = split_held(messages, (), [(pos, groups[pos]) for pos in failed_at])
+        sent = self._deliver(sendable)  # retries are behind the offset: no position to keep back
         results = dict(zip(map(position_of, sendable), sent, strict=True))
         results.update(failed_at)
         failed_groups: set[str | None] = set()

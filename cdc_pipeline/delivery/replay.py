@@ -15,12 +15,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-import psycopg
-
 from cdc_pipeline.config import ConfigError, PipelineConfig
 from cdc_pipeline.config.base import qualify
 from cdc_pipeline.delivery.engine import Deliverer, messages_from
 from cdc_pipeline.delivery.spark_stage import SinkPlan
+from cdc_pipeline.postgres import session
 from cdc_pipeline.sinks.base import Sink
 from cdc_pipeline.state.replay_log import load_window, oldest_retained, trimmed_until
 from cdc_pipeline.state.store import Position
@@ -79,7 +78,7 @@ def replay(config: PipelineConfig, sink_name: str, start: datetime, end: datetim
     store = deliverer.store
     stats = ReplayStats(sink_name, start, end)
     started = time.monotonic()
-    with psycopg.connect(config.state_dsn) as conn:
+    with session.connect(config.state_dsn) as conn:
         trimmed = trimmed_until(conn, store)
         if trimmed is not None and start <= trimmed:
             oldest = oldest_retained(conn, store) or trimmed

@@ -100,10 +100,11 @@ class EmbeddedPostgres:
         return self._run(str(PG_BIN / "pg_ctl"), "-D", str(self.data_dir), "status", check=False).returncode == 0
 
     def create_database(self, name: str) -> None:
-        import psycopg
         from psycopg import sql
 
-        with psycopg.connect(self.dsn(), autocommit=True) as conn:
+        from cdc_pipeline.postgres import session
+
+        with session.connect(self.dsn(), autocommit=True) as conn:
             exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
             if not exists:
                 conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))

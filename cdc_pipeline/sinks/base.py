@@ -1,17 +1,24 @@
 """The one interface every sink implements, and small helpers the sinks share.
 
+A sink is a client of one destination: it reports what became of each message it was handed. What to
+do about a failure (hold the group back, park, retry, give up) is the delivery engine's business alone
+(delivery/ordering.py and delivery/parking.py); a sink knows nothing of it.
+
 Contract (what the delivery engine relies on):
 
 * `deliver(batch)` returns one result per message, in batch order: `None` = acknowledged by the
-  destination, a string = why that message failed (the engine parks it and retries it later).
-* Messages arrive in commit order. Messages of one group are attempted in order, and after a failure
-  the group's later messages in the batch are reported as failed too ("held back"), so a group never
-  gets ahead of its own failed message. Sinks that pipeline (send first, learn the outcome later) may
-  already have sent such a later message; it is then still reported as held back and is redelivered
-  after the failed one (a duplicate the idempotency key identifies; NATS drops it by `Nats-Msg-Id`).
+  destination; a string = why that message failed; `NOT_SENT` = not attempted in this call.
+* Messages arrive in commit order, and what a sink sends keeps that order within each group. A sink may
+  stop at a failure and report every later message `NOT_SENT` (the engine hands it the ones whose group
+  is still in order in a next call): sinks that send one request or transaction after another do, so a
+  group never reaches the destination past its failed message. A sink that pipelines (sends before the
+  earlier messages are acknowledged) sets `one_per_group`: the engine then hands it at most one message
+  per group per call, so a group's next message goes out only after the previous one was acknowledged.
+  What a sink did deliver past its group's failure is parked behind it by the engine all the same, and
+  redelivered after it (a duplicate the idempotency key identifies).
 * `SinkUnavailable` is raised (by `open()` or `deliver()`) when the destination as a whole cannot be
-  reached and nothing in the batch was acknowledged; the engine retries the whole batch later without
-  advancing its offset. Once part of a batch is acknowledged, the rest get per-message errors instead.
+  reached and nothing in the call was acknowledged; the engine retries the whole batch later without
+  advancing its offset. Once part of a call is acknowledged, the rest get per-message errors instead.
 * A per-message error that says the destination did not answer (timeout, no acknowledgement, lost
   connection, no responders) is an `Unreachable` string: the engine treats a batch in which every
   message sent failed that way as an outage of the destination (not counted against any message),
@@ -26,16 +33,13 @@ import concurrent.futures
 import contextlib
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 T = TypeVar("T")
 
-HELD_NOT_SENT = "held back: an earlier message of its group failed in this batch (not sent)"
-HELD_SENT = ("held back: an earlier message of its group failed in this batch "
-             "(this one was already accepted; it is redelivered after the failed one)")
 
 
 @dataclass(slots=True)
@@ -53,9 +57,13 @@ class Unreachable(str):
     __slots__ = ()
 
 
-def is_held(result: str | None) -> bool:
-    """A result that says the message was not sent because an earlier one of its group failed."""
-    return result is not None and (result == HELD_NOT_SENT or result.startswith("held behind"))
+class NotSent(str):
+    """The result of a message a sink did not attempt (it stopped at an earlier failure)."""
+
+    __slots__ = ()
+
+
+NOT_SENT = NotSent("not sent: the sink stopped at an earlier failure of this call")
 
 
 class SinkUnavailable(Exception):
@@ -76,6 +84,9 @@ class SinkConfigLike(Protocol):
 
 class Sink(abc.ABC):
     name: str
+    # Pipelines a call's messages (sends before earlier ones are acknowledged): the engine hands it at
+    # most one message per group per call (see the module doc).
+    one_per_group: ClassVar[bool] = False
 
     # open/close/prepare are optional hooks (empty on purpose): a sink overrides only what it needs.
     def open(self) -> None:  # noqa: B027
@@ -84,9 +95,8 @@ class Sink(abc.ABC):
     @abc.abstractmethod
     def deliver(self, batch: Sequence[OutboundMessage]) -> list[str | None]:
         """One result per message, same order: None = acknowledged by the destination, str = why it
-        failed. Messages of one group are attempted in order, and after a failure the group's later
-        messages in the batch are reported as held back. Raises SinkUnavailable when nothing could be
-        delivered."""
+        failed, NOT_SENT = not attempted (see the module doc). Raises SinkUnavailable when nothing could
+        be delivered."""
 
     def close(self) -> None:  # noqa: B027
         """Release connections."""
@@ -99,9 +109,9 @@ class Sink(abc.ABC):
         return None
 
     def hold_position_below(self, position: tuple[int, int] | None) -> None:  # noqa: B027
-        """The earliest message of the coming batch that the engine parks instead of sending (held back
-        behind its group, or failed by the transform): it is recorded only in the engine's later commit,
-        so a sink that commits its own `position()` must not record one at or past it."""
+        """The earliest message of the batch in progress that the engine parks (held back behind its
+        group, failed at the destination or by the transform): it is recorded only in the engine's later
+        commit, so a sink that commits its own `position()` must not record one at or past it."""
 
     def __enter__(self) -> Sink:
         self.open()
@@ -109,22 +119,6 @@ class Sink(abc.ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def hold_back(batch: Sequence[OutboundMessage], results: list[str | None]) -> list[str | None]:
-    """Enforce per-group order on a finished batch: after a group's first failure, its later messages
-    are reported as held back (keeping their own error when they failed themselves). In place."""
-    failed: set[str] = set()
-    for i, message in enumerate(batch):
-        group = message.group
-        if group is None:
-            continue
-        if group in failed:
-            if results[i] is None:
-                results[i] = HELD_SENT
-        elif results[i] is not None:
-            failed.add(group)
-    return results
 
 
 def safe_endpoint(url: str) -> str:

@@ -1,7 +1,8 @@
 """Bookkeeping for sinks that pipeline their publishes and settle them as the broker acknowledges.
 
-Pipelining is across groups only: within a group, a message is published once the previous one is
-acknowledged (rounds, see `in_rounds`).
+Pipelining is across groups only: such a sink sets `one_per_group`, so the engine hands it at most one
+message per group per call and a group's next message is published once the previous one is
+acknowledged (9.15).
 
 The publisher sends up to a window of messages ahead, then waits for acknowledgements to bring the
 count down; a lost connection wakes it at once. Shared by the NATS (PubAck) and RabbitMQ (publisher
@@ -13,7 +14,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Coroutine, Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +24,6 @@ from cdc_pipeline.sinks.base import (
     Sink,
     SinkUnavailable,
     Unreachable,
-    hold_back,
 )
 
 PENDING = "\x00pending"  # placeholder result; never returned (compared by identity)
@@ -68,45 +68,11 @@ class InFlight:
         return [why if r is PENDING else r for r in self.results]
 
 
-def group_rounds(batch: Sequence[OutboundMessage]) -> list[list[int]]:
-    """Indexes of `batch` in rounds: round k holds the k-th message of every group (ungrouped messages all
-    go in the first), in batch order."""
-    seen: dict[str, int] = {}
-    rounds: list[list[int]] = []
-    for i, m in enumerate(batch):
-        k = 0
-        if m.group is not None:
-            k = seen.get(m.group, 0)
-            seen[m.group] = k + 1
-        if k == len(rounds):
-            rounds.append([])
-        rounds[k].append(i)
-    return rounds
-
-
-async def in_rounds(state: InFlight, batch: Sequence[OutboundMessage], failed: set[str],
-                    timeout_s: float) -> AsyncIterator[int]:
-    """The indexes to publish, round by round (`group_rounds`): a round is pipelined, and the next one
-    starts only once the broker settled it, so a group's next message is published only after the
-    previous one was acknowledged (else a retried m1 could land after an already stored m2). Groups whose
-    message failed are added to `failed`. Stops early when settlements stop coming or the connection is lost."""
-    rounds = group_rounds(batch)
-    for r, indexes in enumerate(rounds):
-        if r:
-            if state.lost is not None or not await state.wait(0, timeout_s):
-                return
-            for j in rounds[r - 1]:
-                group = batch[j].group
-                if group is not None and state.results[j] is not None:
-                    failed.add(group)
-        for i in indexes:
-            yield i
-
-
 class PipelinedSink(Sink):
     """A sink whose asyncio client publishes a batch ahead of its acknowledgements on a private loop."""
 
     kind: str  # for messages: "nats", "rabbitmq"
+    one_per_group = True  # publishes ahead of acknowledgements
     _runner: EventLoopThread | None
 
     def __init__(self) -> None:
@@ -145,4 +111,4 @@ class PipelinedSink(Sink):
             results, lost = self._runner.run(self._publish(batch))
         if lost is not None and not any(r is None for r in results):
             raise SinkUnavailable(f"{self.kind} sink {self.name!r}: {lost}")
-        return hold_back(batch, results)
+        return results

@@ -7,6 +7,7 @@ the source's committed transactions: none lost, none twice, every key's versions
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -88,6 +89,26 @@ def _spawn_drain(config: PipelineConfig, tmp: Path, *args: str) -> tuple[subproc
     return proc, err
 
 
+@contextlib.contextmanager
+def _running_drain(config: PipelineConfig, tmp: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    """A drain process that is killed on the way out if the test did not stop it."""
+    proc, err = _spawn_drain(config, tmp)
+    try:
+        yield proc, err
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _failed_with(proc: subprocess.Popen[bytes], err: Path, timeout: float = 30) -> str:
+    """The drain's stderr once it exited with 1 (a permanent error)."""
+    proc.wait(timeout)
+    message = err.read_text()
+    print(message)
+    assert proc.returncode == 1, message
+    return message
+
+
 def _active_pid(db: Database) -> int | None:
     rows = db.execute("SELECT active_pid FROM pg_replication_slots WHERE slot_name = 'cdc_test'")
     return rows[0][0] if rows and rows[0][0] else None
@@ -155,8 +176,7 @@ def _stop(proc: subprocess.Popen[bytes], err: Path) -> tuple[str, str]:
 def test_walsender_terminated_repeatedly(fdb: Database, write_config: Callable[..., PipelineConfig],
                                          tmp_path: Path) -> None:
     config = _config(fdb, write_config)
-    proc, err = _spawn_drain(config, tmp_path)
-    try:
+    with _running_drain(config, tmp_path) as (proc, err):
         pid = _wait_active(fdb, proc)
         writers = run_writers(fdb.dsn, 16_000, rate=3_000, seed=11)
         kills = 0
@@ -169,9 +189,6 @@ def test_walsender_terminated_repeatedly(fdb: Database, write_config: Callable[.
         _wait_log_complete(config, txns)
         _assert_key_order(config)
         out, log = _stop(proc, err)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
     print(f"{kills} walsenders terminated; {out.strip()}")
     assert log.count("drain: lost while") >= kills, log
     assert _sessions(out) >= kills, out
@@ -185,8 +202,7 @@ def _restart(cluster: embedded.EmbeddedPostgres) -> None:
 def test_source_restart_mid_stream(fdb: Database, cluster: embedded.EmbeddedPostgres,
                                    write_config: Callable[..., PipelineConfig], tmp_path: Path) -> None:
     config = _config(fdb, write_config)  # the state lives in the source database: both restart
-    proc, err = _spawn_drain(config, tmp_path)
-    try:
+    with _running_drain(config, tmp_path) as (proc, err):
         _wait_active(fdb, proc)
         txns = join_writers(run_writers(fdb.dsn, 20_000, rate=None, seed=21))
         behind = sum(txns.values()) - sum(_changes_by_xid(config).values())
@@ -197,9 +213,6 @@ def test_source_restart_mid_stream(fdb: Database, cluster: embedded.EmbeddedPost
         _wait_log_complete(config, txns)
         _assert_key_order(config)
         out, log = _stop(proc, err)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
     print(out.strip())
     assert "drain: lost while" in log and "retry" in log, log
 
@@ -304,11 +317,7 @@ def test_state_restored_from_older_dump(fdb: Database, write_config: Callable[..
     before = fdb.execute("SELECT count(*), (SELECT committed_lsn FROM cdc_pipeline.slot_progress) "
                          "FROM cdc_pipeline.change_log")[0]
 
-    proc, err = _spawn_drain(config, tmp_path, "--until-idle", "--seconds", "30")
-    proc.wait(60)
-    message = err.read_text()
-    print(message)
-    assert proc.returncode == 1, message
+    message = _failed_with(*_spawn_drain(config, tmp_path, "--until-idle", "--seconds", "30"), timeout=60)
     assert "gap in the change log" in message and "public.acct, public.evt" in message
     assert "between LSN" in message and "drain.on_gap: backfill" in message
     assert fdb.execute("SELECT count(*), (SELECT committed_lsn FROM cdc_pipeline.slot_progress) "
@@ -335,8 +344,7 @@ def test_state_restored_from_older_dump(fdb: Database, write_config: Callable[..
 def test_slot_dropped_is_permanent(fdb: Database, write_config: Callable[..., PipelineConfig],
                                    tmp_path: Path) -> None:
     config = _config(fdb, write_config)
-    proc, err = _spawn_drain(config, tmp_path)
-    try:
+    with _running_drain(config, tmp_path) as (proc, err):
         pid = _wait_active(fdb, proc)
         deadline = time.monotonic() + 20
         while True:  # the drain reconnects within 100 ms: terminate and drop until the drop wins
@@ -347,13 +355,7 @@ def test_slot_dropped_is_permanent(fdb: Database, write_config: Callable[..., Pi
             except psycopg.errors.ObjectInUse:
                 pid = _active_pid(fdb) or pid
                 assert time.monotonic() < deadline
-        proc.wait(30)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    message = err.read_text()
-    print(message)
-    assert proc.returncode == 1
+        message = _failed_with(proc, err)  # inside: a drain still running is killed on the way out
     assert "replication slot 'cdc_test' does not exist" in message and "cdc-pipeline setup" in message
 
 
@@ -372,19 +374,17 @@ def test_state_database_restart(source_db: Database, cluster: embedded.EmbeddedP
     }
     config = write_config(data)
     setup(config)
-    proc, err = _spawn_drain(config, tmp_path)
     try:
-        _wait_active(source_db, proc)
-        writers = run_writers(source_db.dsn, 12_000, rate=3_000, seed=41)
-        time.sleep(1.5)
-        _restart(cluster)
-        txns = join_writers(writers)
-        _wait_log_complete(config, txns)
-        _assert_key_order(config)
-        out, log = _stop(proc, err)
+        with _running_drain(config, tmp_path) as (proc, err):
+            _wait_active(source_db, proc)
+            writers = run_writers(source_db.dsn, 12_000, rate=3_000, seed=41)
+            time.sleep(1.5)
+            _restart(cluster)
+            txns = join_writers(writers)
+            _wait_log_complete(config, txns)
+            _assert_key_order(config)
+            out, log = _stop(proc, err)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
         _drop(cluster.dsn(), state_name)
     print(out.strip())
     assert "drain: lost while" in log and _sessions(out) >= 2, (out, log)
@@ -398,10 +398,7 @@ def test_login_refused_is_permanent(fdb: Database, write_config: Callable[..., P
     data = yaml.safe_load(Path(config.path).read_text())
     data["source"]["dsn"] = fdb.dsn.replace("user=postgres", "user=cdc_nologin password=s3cret")
     config = write_config(data, name="nologin.yaml")
-    proc, err = _spawn_drain(config, tmp_path)
-    proc.wait(30)
-    message = err.read_text()
-    assert proc.returncode == 1, message
+    message = _failed_with(*_spawn_drain(config, tmp_path))
     assert "not permitted to log in" in message and "fix the credentials" in message
     assert "s3cret" not in message
 
@@ -409,18 +406,11 @@ def test_login_refused_is_permanent(fdb: Database, write_config: Callable[..., P
 def test_publication_dropped_is_permanent(fdb: Database, write_config: Callable[..., PipelineConfig],
                                           tmp_path: Path) -> None:
     config = _config(fdb, write_config)
-    proc, err = _spawn_drain(config, tmp_path)
-    try:
+    with _running_drain(config, tmp_path) as (proc, err):
         _wait_active(fdb, proc)
         fdb.execute("DROP PUBLICATION cdc_test")
         fdb.execute("INSERT INTO acct VALUES (1, 1, 1, 'after the drop')")
-        proc.wait(30)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    message = err.read_text()
-    print(message)
-    assert proc.returncode == 1
+        message = _failed_with(proc, err)
     assert "publication 'cdc_test' does not exist" in message and "cdc-pipeline setup" in message
 
 
@@ -441,11 +431,7 @@ def test_slot_invalidated_is_permanent(fdb: Database, cluster: embedded.Embedded
         finally:
             admin.execute("ALTER SYSTEM RESET max_slot_wal_keep_size")
             admin.execute("SELECT pg_reload_conf()")
-    proc, err = _spawn_drain(config, tmp_path, "--until-idle")
-    proc.wait(30)
-    message = err.read_text()
-    print(message)
-    assert proc.returncode == 1
+    message = _failed_with(*_spawn_drain(config, tmp_path, "--until-idle"))
     assert "was invalidated (wal_status = 'lost'" in message and "pg_drop_replication_slot" in message
 
 
@@ -461,22 +447,20 @@ def test_network_outage(fdb: Database, cluster: embedded.EmbeddedPostgres,
     data = yaml.safe_load(Path(config.path).read_text())
     data["source"]["dsn"] = f"host=127.0.0.1 port={proxy.port} user=postgres dbname={fdb.name}"
     config = write_config(data, name="proxied.yaml")
-    proc, err = _spawn_drain(config, tmp_path)
     try:
-        _wait_active(fdb, proc)
-        writers = run_writers(fdb.dsn, 12_000, rate=2_000, seed=51)
-        time.sleep(1)
-        proxy.stop()
-        time.sleep(3)
-        assert proc.poll() is None, err.read_text()
-        proxy.start()
-        txns = join_writers(writers)
-        _wait_log_complete(config, txns)
-        _assert_key_order(config)
-        out, log = _stop(proc, err)
+        with _running_drain(config, tmp_path) as (proc, err):
+            _wait_active(fdb, proc)
+            writers = run_writers(fdb.dsn, 12_000, rate=2_000, seed=51)
+            time.sleep(1)
+            proxy.stop()
+            time.sleep(3)
+            assert proc.poll() is None, err.read_text()
+            proxy.start()
+            txns = join_writers(writers)
+            _wait_log_complete(config, txns)
+            _assert_key_order(config)
+            out, log = _stop(proc, err)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
         proxy.stop()
     print(out.strip())
     assert "waiting for" in log and _sessions(out) >= 2, (out, log)
@@ -490,8 +474,7 @@ def test_lock_still_held_after_a_reconnect_is_waited_for(fdb: Database, write_co
     from cdc_pipeline.postgres import session
 
     config = _config(fdb, write_config)
-    proc, err = _spawn_drain(config, tmp_path)
-    try:
+    with _running_drain(config, tmp_path) as (proc, err):
         _wait_active(fdb, proc)
         with fdb.connect() as holder:
             state_pid = fdb.execute("SELECT pid FROM pg_stat_activity WHERE application_name = 'cdc_pipeline.drain' "
@@ -511,9 +494,6 @@ def test_lock_still_held_after_a_reconnect_is_waited_for(fdb: Database, write_co
             assert time.monotonic() < deadline and proc.poll() is None, err.read_text()
             time.sleep(0.1)
         out, log = _stop(proc, err)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
     print(log)
     assert "the drain lock for slot 'cdc_test' is still held" in log
     assert "end this drain's previous session" in log

@@ -8,13 +8,10 @@ import threading
 
 import psycopg
 
-from cdc_pipeline.backfill.reader import PageReader, emit
-from cdc_pipeline.backfill.request import BackfillRequest, resolve, table_shape
 from cdc_pipeline.backfill.state import BackfillStore
-from cdc_pipeline.backfill.watermark import Watermark
 from cdc_pipeline.capture.drain import Drain
-from cdc_pipeline.postgres.session import SESSION_OPTIONS
 from cdc_pipeline.setup import setup
+from cdc_pipeline_tests.helpers import backfill_page
 from cdc_pipeline_tests.integration.test_backfill import backfill_config
 
 BLOCK = "cdc_test.block"
@@ -25,17 +22,9 @@ def test_pause_does_not_wait_for_the_next_source_transaction(source_db, db_facto
     source_db.execute("INSERT INTO public.t SELECT g, 'v' FROM generate_series(1, 10) g")
     config = write_config(backfill_config(source_db.dsn, db_factory().dsn, ["public.t"]))
     setup(config)
-    spec = resolve(config, BackfillRequest("public.t"))
-    store = BackfillStore("cdc_pipeline")
-    with psycopg.connect(config.source.dsn, autocommit=True, options=SESSION_OPTIONS) as src, \
-            psycopg.connect(config.state_dsn, autocommit=True, options=SESSION_OPTIONS) as state:
-        src.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
-        shape = table_shape(src, spec)
-        bid, _ = store.claim(state, spec, shape.primary_key, shape.keyset, "test", None)
-        emit(src, Watermark(bid, 0, "low"), store.mac_key(state, bid))
-        page = PageReader("cdc_pipeline", spec, shape, True, 5000).read_and_stage(src, state, bid, 0, None, 5)
-        emit(src, Watermark(bid, 0, "high", token=page.token), store.mac_key(state, bid))
-        store.release(state, bid)
+    with backfill_page(config, "public.t", 5) as page:
+        page.close()
+    bid, store = page.backfill_id, BackfillStore(config.state.schema_name)
     # Right behind the page: a source transaction the drain is slow to get through (a hook blocks in it,
     # standing in for millions of rows).
     with source_db.connect() as conn, conn.transaction():

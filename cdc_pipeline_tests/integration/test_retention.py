@@ -9,14 +9,9 @@ import time
 
 import psycopg
 
-from cdc_pipeline.backfill.reader import PageReader, emit
-from cdc_pipeline.backfill.request import BackfillRequest, resolve, table_shape
-from cdc_pipeline.backfill.state import BackfillStore
-from cdc_pipeline.backfill.watermark import Watermark
-from cdc_pipeline.postgres.session import SESSION_OPTIONS
 from cdc_pipeline.setup import setup
 from cdc_pipeline.state.store import Store
-from cdc_pipeline_tests.helpers import assert_mirrored, deliver, drain
+from cdc_pipeline_tests.helpers import assert_mirrored, backfill_page, deliver, drain
 from cdc_pipeline_tests.integration.test_backfill import backfill_config
 
 RETENTION_HOURS = 1 / 3600  # one second
@@ -41,15 +36,7 @@ def test_retention_keeps_what_an_open_page_and_an_idle_sink_need(source_db, db_f
 
     # One page of a backfill: low watermark, the page read (row 5 is 'old' in its snapshot), then a change
     # of row 5 committed after the snapshot and before the high watermark.
-    spec = resolve(config, BackfillRequest("public.t"))
-    store = BackfillStore("cdc_pipeline")
-    with psycopg.connect(config.source.dsn, autocommit=True, options=SESSION_OPTIONS) as src, \
-            psycopg.connect(config.state_dsn, autocommit=True, options=SESSION_OPTIONS) as state:
-        src.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
-        shape = table_shape(src, spec)
-        bid, _ = store.claim(state, spec, shape.primary_key, shape.keyset, "test", None)
-        emit(src, Watermark(bid, 0, "low"), store.mac_key(state, bid))
-        page = PageReader("cdc_pipeline", spec, shape, True, 5000).read_and_stage(src, state, bid, 0, None, 100)
+    with backfill_page(config, "public.t", 100) as page:
         assert page.rows == 10
         source_db.execute("UPDATE public.t SET v = 'new' WHERE id = 5")
         drain(config)  # the change is logged; the page waits for its high watermark
@@ -57,8 +44,7 @@ def test_retention_keeps_what_an_open_page_and_an_idle_sink_need(source_db, db_f
         time.sleep(2.5)  # the change is now older than the retention
         drain(config)  # a drain run ends with retention
         assert ("[5]", "update") in log_actions(config.state_dsn), "retention deleted what the page needs"
-        emit(src, Watermark(bid, 0, "high", token=page.token), store.mac_key(state, bid))
-        store.release(state, bid)
+        page.close()
     drain(config)
     with psycopg.connect(config.state_dsn) as conn:
         dropped = conn.execute("SELECT status, rows_dropped FROM cdc_pipeline.backfills").fetchone()

@@ -16,8 +16,10 @@ from typing import Any
 import pytest
 
 from cdc_pipeline.config import WebhookDestination
+from cdc_pipeline.delivery.dispatch import deliver_in_order
+from cdc_pipeline.delivery.ordering import HELD
 from cdc_pipeline.sinks import build_sink
-from cdc_pipeline.sinks.base import HELD_NOT_SENT, OutboundMessage, SinkConfigError, SinkUnavailable
+from cdc_pipeline.sinks.base import NOT_SENT, OutboundMessage, SinkConfigError, SinkUnavailable
 from cdc_pipeline.sinks.webhook.client import WebhookSink
 from cdc_pipeline_tests.integration.test_sinks_brokers import messages
 
@@ -145,10 +147,10 @@ def test_500_for_one_group_fails_only_that_group(receiver: Receiver) -> None:
     receiver.behaviour = lambda h, b: ((500, b'{"error":"boom"}', 0.0) if any(p in b for p in bad_payloads)
                                        else (200, b"{}", 0.0))
     with webhook(receiver.url, batch_size=32) as sink:
-        results = sink.deliver(batch)
+        results = deliver_in_order(sink, batch)
     failed = [i for i, m in enumerate(batch) if m.key in bad]
     assert results[failed[0]] == 'HTTP 500: {"error":"boom"}'
-    assert all(results[i] == HELD_NOT_SENT for i in failed[1:])  # order: g3 stops at its first failure
+    assert all(results[i] == HELD for i in failed[1:])  # order: g3 stops at its first failure
     assert all(results[i] is None for i, m in enumerate(batch) if m.key not in bad)
     good = [k for m, k in zip(batch, keys(batch), strict=True) if m.key not in bad]
     assert receiver.acked_keys() == good  # each good message acknowledged once, in order
@@ -159,16 +161,22 @@ def test_one_poison_message_does_not_fail_its_neighbours(receiver: Receiver) -> 
     poison = batch[37].payload
     receiver.behaviour = lambda h, b: (422, b"unprocessable " * 40, 0.0) if poison in b else (200, b"{}", 0.0)
     with webhook(receiver.url, batch_size=100) as sink:
-        results = sink.deliver(batch)
-    assert results[37] is not None and results[37].startswith("HTTP 422: unprocessable")
-    assert len(results[37]) == len("HTTP 422: ") + 200  # the body is cut to 200 characters
+        raw = sink.deliver(batch)
+        assert raw[:37] == [None] * 37 and raw[38:] == [NOT_SENT] * 62  # the sink stops at the failure
+        first_call = len(receiver.requests)
+        results = deliver_in_order(sink, batch[37:])  # the engine hands back what may follow
+    assert raw[37] is not None and raw[37].startswith("HTTP 422: unprocessable")
+    assert len(raw[37]) == len("HTTP 422: ") + 200  # the body is cut to 200 characters
+    assert first_call < 20  # bisection: about log2(100) requests, not one per message
     group = batch[37].group
-    for i, m in enumerate(batch):
+    for i, m in enumerate(batch[37:], start=37):
         if i > 37 and m.group == group:
-            assert results[i] == HELD_NOT_SENT
+            assert results[i - 37] == HELD  # never accepted by the receiver
         elif i != 37:
-            assert results[i] is None
-    assert len(receiver.requests) < 30  # bisection: about 2·log2(100) requests, not one per message
+            assert results[i - 37] is None
+    held = {k for i, (k, m) in enumerate(zip(keys(batch), batch, strict=True)) if i > 37 and m.group == group}
+    assert held.isdisjoint(receiver.acked_keys())
+    assert len(receiver.requests) < 30
 
 
 def test_timeout_fails_the_chunk_without_bisecting(receiver: Receiver) -> None:

@@ -23,10 +23,10 @@ import pytest
 import redis
 
 from cdc_pipeline.config import NatsDestination, RabbitMQDestination, RedisStreamDestination
+from cdc_pipeline.delivery.dispatch import deliver_in_order
+from cdc_pipeline.delivery.ordering import HELD
 from cdc_pipeline.sinks import build_sink
 from cdc_pipeline.sinks.base import (
-    HELD_NOT_SENT,
-    HELD_SENT,
     OutboundMessage,
     Sink,
     SinkConfigError,
@@ -151,14 +151,17 @@ def test_redis_command_error_fails_only_that_message_and_holds_its_group(rdb: re
     batch = messages(20, groups=4)
     batch[5].route = wrong  # group g1
     with build_sink(sink_config(RedisStreamDestination(url=REDIS_URL, stream_key=key))) as sink:
-        results = sink.deliver(batch)
+        raw = sink.deliver(batch)
+        assert raw[5] is not None and "WRONGTYPE" in raw[5]
+        assert [i for i, r in enumerate(raw) if r is not None] == [5]  # the sink reports what happened
+        results = deliver_in_order(sink, batch)  # the engine: the same batch again, with its policy
     assert results[5] is not None and "WRONGTYPE" in results[5]
     for i, m in enumerate(batch):
         if m.group == "g1" and i > 5:
-            assert results[i] == HELD_SENT  # accepted already (pipelined) but reported, to keep g1's order
+            assert results[i] == HELD  # accepted already (pipelined) but parked behind the failure
         elif i != 5:
             assert results[i] is None
-    assert len(rdb.xrange(key)) == 19
+    assert len(rdb.xrange(key)) == 38
 
 
 def test_redis_closed_port_is_unavailable() -> None:
@@ -282,10 +285,10 @@ def test_nats_uncaptured_subject_fails_only_those_messages(jetstream: tuple[str,
     batch = messages(12, groups=3)
     batch[4].route = unique("nowhere.")  # group g1: no stream captures it
     with build_sink(sink_config(NatsDestination(url=NATS_URL, subject=subject, stream=stream))) as sink:
-        results = sink.deliver(batch)
+        results = deliver_in_order(sink, batch)
     assert results[4] is not None and "no JetStream stream captures subject" in results[4]
     # g1 after the failure: not published at all, so a retry of message 4 cannot land after them (9.15).
-    assert [results[i] for i in (7, 10)] == [HELD_NOT_SENT, HELD_NOT_SENT]
+    assert [results[i] for i in (7, 10)] == [HELD, HELD]
     assert all(r is None for i, r in enumerate(results) if i not in (4, 7, 10))
     assert {h.get("Nats-Msg-Id") for _, h, _ in nats_read(stream)} == {
         m.key for i, m in enumerate(batch) if i not in (4, 7, 10)}
@@ -416,9 +419,9 @@ def test_rabbitmq_unroutable_message_fails_and_holds_its_group(rabbit: Rabbit) -
     batch = messages(12, groups=3)
     batch[4].route = "unbound.key"  # group g1: no queue bound for it
     with build_sink(sink_config(RabbitMQDestination(url=AMQP_URL, exchange=exchange))) as sink:
-        results = sink.deliver(batch)
+        results = deliver_in_order(sink, batch)
     assert results[4] is not None and results[4].startswith("unroutable") and "unbound.key" in results[4]
-    assert [results[i] for i in (7, 10)] == [HELD_NOT_SENT, HELD_NOT_SENT]  # not published (9.15)
+    assert [results[i] for i in (7, 10)] == [HELD, HELD]  # not published (9.15)
     assert all(r is None for i, r in enumerate(results) if i not in (4, 7, 10))
     assert sorted(p.message_id for _, p, _ in rabbit.drain(queue)) == sorted(
         m.key for i, m in enumerate(batch) if i not in (4, 7, 10))
@@ -455,7 +458,7 @@ def _held_before_sending(sink: Sink) -> list[str | None]:
     """A message the client rejects before sending holds back its group's later messages unsent."""
     batch = messages(6, groups=2)
     batch[2].route = "bad subject with spaces" if isinstance(sink, NatsSink) else "x" * 300
-    return sink.deliver(batch)
+    return deliver_in_order(sink, batch)
 
 
 def test_client_side_rejection_holds_the_group_unsent(jetstream: tuple[str, str], rabbit: Rabbit) -> None:
@@ -466,6 +469,6 @@ def test_client_side_rejection_holds_the_group_unsent(jetstream: tuple[str, str]
                  RabbitMQDestination(url=AMQP_URL, exchange=exchange)):
         with build_sink(sink_config(dest)) as sink:
             results = _held_before_sending(sink)
-        assert results[2] is not None and results[2] not in (HELD_SENT, HELD_NOT_SENT)
-        assert results[4] == HELD_NOT_SENT  # same group (g0), after the failure: never sent
+        assert results[2] is not None and results[2] != HELD
+        assert results[4] == HELD  # same group (g0), after the failure: never sent
         assert [results[i] for i in (0, 1, 3, 5)] == [None] * 4

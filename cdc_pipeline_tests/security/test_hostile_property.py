@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from psycopg import sql
 
 from cdc_pipeline.config import PostgresDestination
+from cdc_pipeline.delivery.dispatch import deliver_in_order
 from cdc_pipeline.postgres.catalog import ColumnInfo, TableInfo
 from cdc_pipeline.postgres.compose import execute
 from cdc_pipeline.postgres.keyset import parse_qualified
@@ -97,7 +98,7 @@ def test_hostile_routes_deliver_exactly_or_park(dest_dsn, route) -> None:
     sink.prepare(lambda name: None)
     batch = [message(n, "t", "insert", {"id": n}, route=route), message(n + 100000, "t", "insert", {"id": n})]
     try:
-        results = sink.deliver(batch)  # never raises: a bad route is that message's failure
+        results = deliver_in_order(sink, batch)  # never raises: a bad route is that message's failure
     finally:
         sink.close()
     assert results[1] is None  # its neighbour (default table) is delivered either way

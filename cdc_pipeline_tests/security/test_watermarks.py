@@ -9,13 +9,10 @@ import json
 import psycopg
 from psycopg import conninfo, sql
 
-from cdc_pipeline.backfill.reader import PageReader, emit
-from cdc_pipeline.backfill.request import BackfillRequest, resolve, table_shape
 from cdc_pipeline.backfill.state import BackfillStore
 from cdc_pipeline.backfill.watermark import WATERMARK_PREFIX, Watermark
-from cdc_pipeline.postgres.session import SESSION_OPTIONS
 from cdc_pipeline.setup import setup
-from cdc_pipeline_tests.helpers import drain
+from cdc_pipeline_tests.helpers import backfill_page, drain
 from cdc_pipeline_tests.integration.test_backfill import backfill_config
 
 
@@ -33,19 +30,13 @@ def test_forged_watermarks_are_ignored(source_db, db_factory, write_config) -> N
     source_db.execute("CREATE ROLE cdc_mallory LOGIN PASSWORD 'm'")
     config = write_config(backfill_config(source_db.dsn, db_factory().dsn, ["public.t"]))
     setup(config)
-    spec = resolve(config, BackfillRequest("public.t"))
     store = BackfillStore("cdc_pipeline")
     mallory_dsn = conninfo.make_conninfo(source_db.dsn, user="cdc_mallory", password="m")
     try:
-        with psycopg.connect(config.source.dsn, autocommit=True, options=SESSION_OPTIONS) as src, \
-                psycopg.connect(config.state_dsn, autocommit=True, options=SESSION_OPTIONS) as state, \
+        with backfill_page(config, "public.t", 100) as page, \
+                psycopg.connect(config.state_dsn, autocommit=True) as state, \
                 psycopg.connect(mallory_dsn, autocommit=True) as mallory:
-            src.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
-            shape = table_shape(src, spec)
-            bid, _ = store.claim(state, spec, shape.primary_key, shape.keyset, "test", None)
-            key = store.mac_key(state, bid)
-            emit(src, Watermark(bid, 0, "low"), key)
-            page = PageReader("cdc_pipeline", spec, shape, True, 5000).read_and_stage(src, state, bid, 0, None, 100)
+            bid, key = page.backfill_id, page.mac_key
             assert page.rows == 10
             # The backfill id is no secret (it is in metadata): forge high watermarks for the staged page,
             # before a change the page's read does not reflect.
@@ -60,8 +51,7 @@ def test_forged_watermarks_are_ignored(source_db, db_factory, write_config) -> N
             drain(config)
             assert store.get(state, bid).pages == 0, "a forged watermark reconciled the page"
             assert [a for _, a, _ in _log(config.state_dsn)] == ["update"]
-            emit(src, Watermark(bid, 0, "high", token=page.token), key)
-            store.release(state, bid)
+            page.close()
         drain(config)
         log = _log(config.state_dsn)
         # The real high watermark comes after the update: the stale read of row 5 is dropped, the rest are read.

@@ -34,7 +34,6 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
 from cdc_pipeline.sinks.base import (
-    HELD_NOT_SENT,
     OutboundMessage,
     SinkConfigError,
     SinkConfigLike,
@@ -42,7 +41,7 @@ from cdc_pipeline.sinks.base import (
     Unreachable,
     safe_endpoint,
 )
-from cdc_pipeline.sinks.inflight import PENDING, InFlight, PipelinedSink, in_rounds
+from cdc_pipeline.sinks.inflight import PENDING, InFlight, PipelinedSink
 
 log = logging.getLogger(__name__)
 
@@ -152,13 +151,8 @@ class NatsSink(PipelinedSink):
                        subjects=[m.route or self.subject for m in batch])
         self._batch = state
         results = state.results
-        failed: set[str] = set()
         try:
-            async for i in in_rounds(state, batch, failed, self.ack_timeout_s):
-                m = batch[i]
-                if m.group is not None and m.group in failed:
-                    results[i] = HELD_NOT_SENT
-                    continue
+            for i, m in enumerate(batch):
                 if state.outstanding >= MAX_IN_FLIGHT and not await state.wait(MAX_IN_FLIGHT // 2, self.ack_timeout_s):
                     break
                 if state.lost is not None:
@@ -172,8 +166,6 @@ class NatsSink(PipelinedSink):
                     break
                 except nats.errors.Error as exc:  # this message only: bad subject, over max_payload, ...
                     results[i] = f"nats: {type(exc).__name__}: {exc}"
-                    if m.group is not None:
-                        failed.add(m.group)
                     continue
                 state.outstanding += 1
             if state.lost is None:

@@ -23,7 +23,7 @@ from cdc_pipeline.postgres import session
 from cdc_pipeline.postgres.catalog import ColumnInfo, TableInfo, describe_table
 from cdc_pipeline.postgres.compose import execute
 from cdc_pipeline.postgres.keyset import parse_qualified
-from cdc_pipeline.sinks.base import OutboundMessage, Sink, SinkUnavailable
+from cdc_pipeline.sinks.base import NOT_SENT, OutboundMessage, Sink, SinkUnavailable
 from cdc_pipeline.sinks.routes import route_problem
 
 OFFSETS_SCHEMA = "cdc_pipeline_sink"
@@ -81,58 +81,45 @@ class PostgresSink(Sink):
 
     # -- delivery ---------------------------------------------------------------------------------
     def deliver(self, batch: Sequence[OutboundMessage]) -> list[str | None]:
+        """The batch in one transaction; if the destination rejects it, message by message up to the
+        first one it rejects (the rest NOT_SENT: the engine hands back what may follow)."""
         if not batch:
             return []
         try:
+            bad = next((i for i, m in enumerate(batch) if self._route_problem(m)), len(batch))
             try:
-                if any(self._route_problem(m) for m in batch):
-                    return self._apply_one_by_one(batch)
-                self._apply(batch)
-                return [None] * len(batch)
+                if bad:
+                    self._apply(batch[:bad])
             except psycopg.Error as exc:
                 if isinstance(exc, _TRANSIENT):
                     raise
                 assert self.conn is not None
                 self.conn.rollback()
                 self._shapes.clear()  # tables created in the rolled-back transaction are gone
-            return self._apply_one_by_one(batch)
+                return self._up_to_first_failure(batch)
+            if bad == len(batch):
+                return [None] * len(batch)
+            return [*([None] * bad), self._route_problem(batch[bad]), *([NOT_SENT] * (len(batch) - bad - 1))]
         except _TRANSIENT as exc:
             raise SinkUnavailable(f"postgres sink {self.name!r}: {type(exc).__name__}: {exc}") from exc
 
-    def _apply_one_by_one(self, batch: Sequence[OutboundMessage]) -> list[str | None]:
-        """Find the messages the destination rejects; later messages of a failed group are not tried."""
-        assert self.conn is not None
+    def _up_to_first_failure(self, batch: Sequence[OutboundMessage]) -> list[str | None]:
+        """Apply one message per transaction until the destination rejects one."""
         results: list[str | None] = []
-        failed: set[str] = set()
-        failed_any = False
         for m in batch:
-            if m.group is not None and m.group in failed:
-                results.append("held behind an earlier failed message of its group")
-                continue
-            problem = self._route_problem(m)
-            if problem is not None:
-                results.append(problem)
-                failed_any = True
-                if m.group is not None:
-                    failed.add(m.group)
-                continue
-            try:
-                with self._tracked():
-                    # Past a failure the destination must not record a position beyond it: a crash before
-                    # the state database parks it would otherwise resume after it and lose it. Replaying
-                    # the later successes instead is harmless (same messages, same order).
-                    self._apply_in_tx([m], record_position=not failed_any)
-                results.append(None)
-            except psycopg.Error as exc:
-                if isinstance(exc, _TRANSIENT):
-                    raise
-                results.append(f"{type(exc).__name__}: {str(exc).strip()[:500]}")
-                self._shapes.clear()  # as above: a table this message created was rolled back with it
-                failed_any = True
-                if m.group is not None:
-                    failed.add(m.group)
-        self.conn.commit()
-        return results
+            error = self._route_problem(m)
+            if error is None:
+                try:
+                    self._apply([m])
+                except psycopg.Error as exc:
+                    if isinstance(exc, _TRANSIENT):
+                        raise
+                    error = f"{type(exc).__name__}: {str(exc).strip()[:500]}"
+                    self._shapes.clear()  # as above: a table this message created was rolled back with it
+            results.append(error)
+            if error is not None:
+                break
+        return results + [NOT_SENT] * (len(batch) - len(results))
 
     def _apply(self, batch: Sequence[OutboundMessage]) -> None:
         with self._tracked():
@@ -151,7 +138,7 @@ class PostgresSink(Sink):
             pending, self._pending = self._pending, {}
         self._shapes.update(pending)  # reached only when the transaction committed
 
-    def _apply_in_tx(self, batch: Sequence[OutboundMessage], record_position: bool = True) -> None:
+    def _apply_in_tx(self, batch: Sequence[OutboundMessage]) -> None:
         assert self.conn is not None
         conn = self.conn
         conn.execute("TRUNCATE _cdc_stage")
@@ -168,10 +155,10 @@ class PostgresSink(Sink):
             self._append()
         else:
             self._mirror(len(batch))
-        if self._ceiling is not None:  # replaying sent messages after it is harmless; losing it is not
+        # The engine parks a message at the ceiling only in its own later commit: a crash before it must
+        # resume at that message (replaying sent ones after it is harmless; skipping it is not).
+        if self._ceiling is not None:
             last = min(last, (self._ceiling[0], self._ceiling[1] - 1))
-        if not record_position:
-            return
         conn.execute(sql.SQL(
             "INSERT INTO {}.offsets AS o (sink, commit_lsn, commit_idx) VALUES (%s, %s, %s) "
             "ON CONFLICT (sink) DO UPDATE SET commit_lsn = excluded.commit_lsn, commit_idx = excluded.commit_idx, "

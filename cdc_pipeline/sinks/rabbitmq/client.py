@@ -33,14 +33,13 @@ from pika.adapters.asyncio_connection import AsyncioConnection
 from pika.channel import Channel
 
 from cdc_pipeline.sinks.base import (
-    HELD_NOT_SENT,
     OutboundMessage,
     SinkConfigError,
     SinkConfigLike,
     SinkUnavailable,
     safe_endpoint,
 )
-from cdc_pipeline.sinks.inflight import PENDING, InFlight, PipelinedSink, in_rounds
+from cdc_pipeline.sinks.inflight import PENDING, InFlight, PipelinedSink
 
 log = logging.getLogger(__name__)
 
@@ -187,13 +186,8 @@ class RabbitMQSink(PipelinedSink):
         state = _Batch(results=[PENDING] * len(batch), batch=batch, low=self._next_tag + 1)
         self._batch = state
         results = state.results
-        failed: set[str] = set()
         try:
-            async for i in in_rounds(state, batch, failed, CONFIRM_TIMEOUT_S):
-                m = batch[i]
-                if m.group is not None and m.group in failed:
-                    results[i] = HELD_NOT_SENT
-                    continue
+            for i, m in enumerate(batch):
                 if state.outstanding >= MAX_IN_FLIGHT and not await state.wait(MAX_IN_FLIGHT // 2, CONFIRM_TIMEOUT_S):
                     break
                 if state.lost is not None:
@@ -210,8 +204,6 @@ class RabbitMQSink(PipelinedSink):
                     break
                 except (pika.exceptions.AMQPError, ValueError, TypeError) as exc:  # e.g. routing key > 255 bytes
                     results[i] = f"rabbitmq: {_describe(exc)}"
-                    if m.group is not None:
-                        failed.add(m.group)
                     continue
                 self._next_tag += 1
                 state.tags[self._next_tag] = i

@@ -2,7 +2,9 @@
 
 Each batch goes out as non-transactional pipelines (one round trip per PIPELINE_CHUNK messages, no
 MULTI/EXEC), so an error on one command (e.g. WRONGTYPE because the routed key holds a string) fails
-only that message. Commands of one connection execute in order, so stream order is commit order.
+only that message; the pipeline carries on past it (a later message of its group is then stored before
+the failed one's retry: the engine parks it behind the failure, and it is delivered again after it).
+Commands of one connection execute in order, so stream order is commit order.
 At-least-once: a connection lost after the server applied part of a pipeline makes the caller resend
 those messages; consumers recognise duplicates by the `key` field.
 """
@@ -20,7 +22,6 @@ from cdc_pipeline.sinks.base import (
     SinkConfigLike,
     SinkUnavailable,
     Unreachable,
-    hold_back,
     safe_endpoint,
 )
 
@@ -72,7 +73,7 @@ class RedisStreamSink(Sink):
             finally:
                 pipe.reset()
             results.extend(f"redis: {r}" if isinstance(r, Exception) else None for r in replies)
-        return hold_back(batch, results)
+        return results
 
     def close(self) -> None:
         if self._client is not None:

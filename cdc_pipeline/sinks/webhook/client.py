@@ -5,16 +5,17 @@
   (HMAC-SHA256, lower-case hex) in `signature_header`, and `<timestamp>.<body>` in
   `<signature_header>-V2`, with the Unix time in `X-CDC-Timestamp` (so a receiver can refuse replays).
 * A rejected chunk (non-2xx) of more than one message is bisected, halves sent left then right, until
-  the rejected messages are isolated, so one poison message does not fail its neighbours. After a
-  message fails, its group's later messages are not sent (held back), so a group never overtakes itself.
+  the rejected message is isolated, so one poison message does not fail its neighbours. The sink stops
+  at the first failure (later messages are reported NOT_SENT: the engine hands back those whose group
+  is still in order), so nothing of a group is sent past its failed message.
 * Statuses that speak for the whole endpoint (3xx, 401, 403, 407, 429, 502, 503, 504) are not bisected:
   with nothing acknowledged yet they raise SinkUnavailable (retry the batch later), else they fail the
   rest of the batch. Connection refused / DNS failure / connect timeout are handled the same way.
 * A timeout (`timeout_ms`: a total deadline for the whole request, and for each connect, write and read)
   fails the chunk's messages without bisecting: a slow endpoint would only get slower. At most a few KB
   of a response body is read (sinks/http_guard.py).
-* Chunks with disjoint groups may be in flight together (up to CONCURRENCY); ungrouped messages never
-  conflict. One keep-alive `httpx.Client` serves all of them.
+* Chunks with disjoint groups may be in flight together (up to CONCURRENCY), so that concurrency
+  never reorders a group; ungrouped messages never conflict. One keep-alive `httpx.Client` serves all of them.
 * Every request carries an `Idempotency-Key` header: the message's key, or `first..last` for a request
   of several messages (each message's own key is in its metadata).
 * `route` is ignored: a webhook sink has one URL.
@@ -33,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 
 from cdc_pipeline.sinks.base import (
-    HELD_NOT_SENT,
+    NOT_SENT,
     OutboundMessage,
     Sink,
     SinkConfigError,
@@ -117,21 +118,22 @@ class WebhookSink(Sink):
             self.open()
         assert self._pool is not None
         results: list[str | None] = [_PENDING] * len(batch)
-        failed: set[str] = set()  # groups with a failed message: their later messages are held back
         size = self.batch_size
         chunks = [list(range(i, min(i + size, len(batch)))) for i in range(0, len(batch), size)]
         down: str | None = None
+        stopped = False  # a message failed: the rest is left to the engine
         for wave in _waves(batch, chunks):
-            if down is not None:
+            if down is not None or stopped:
                 for chunk in wave:
                     for i in chunk:
-                        results[i] = Unreachable(f"not sent: {down}")
+                        results[i] = NOT_SENT if down is None else Unreachable(f"not sent: {down}")
                 continue
             if len(wave) == 1:
-                outcomes = [self._run_chunk(batch, wave[0], results, failed)]
+                outcomes = [self._run_chunk(batch, wave[0], results)]
             else:
-                outcomes = list(self._pool.map(lambda c: self._run_chunk(batch, c, results, failed), wave))
-            for chunk, reason in zip(wave, outcomes, strict=True):
+                outcomes = list(self._pool.map(lambda c: self._run_chunk(batch, c, results), wave))
+            for chunk, (failed, reason) in zip(wave, outcomes, strict=True):
+                stopped = stopped or failed
                 if reason is None:
                     continue
                 down = reason
@@ -142,42 +144,34 @@ class WebhookSink(Sink):
                 raise SinkUnavailable(down)
         return results
 
-    def _run_chunk(self, batch: Sequence[OutboundMessage], chunk: list[int], results: list[str | None],
-                   failed: set[str]) -> str | None:
-        """Deliver one chunk (bisecting as needed); returns why the endpoint is down, if it is."""
+    def _run_chunk(self, batch: Sequence[OutboundMessage], chunk: list[int],
+                   results: list[str | None]) -> tuple[bool, str | None]:
+        """Deliver one chunk (bisecting as needed): whether a message failed, and why the endpoint is
+        down if it is."""
         try:
-            self._attempt(batch, chunk, results, failed)
+            return self._attempt(batch, chunk, results), None
         except _EndpointDown as exc:
-            return str(exc)
-        return None
+            return True, str(exc)
 
-    def _attempt(self, batch: Sequence[OutboundMessage], idx: list[int], results: list[str | None],
-                 failed: set[str]) -> None:
-        send: list[int] = []
-        for i in idx:
-            group = batch[i].group
-            if group is not None and group in failed:
-                results[i] = HELD_NOT_SENT
-            else:
-                send.append(i)
-        if not send:
-            return
+    def _attempt(self, batch: Sequence[OutboundMessage], idx: list[int], results: list[str | None]) -> bool:
+        """POST these messages, bisecting a rejection down to its message; True if one failed (the
+        messages after it are then NOT_SENT)."""
         try:
-            self._post([batch[i].payload for i in send], [batch[i].key for i in send])
+            self._post([batch[i].payload for i in idx], [batch[i].key for i in idx])
         except _ChunkFailed as exc:
-            if exc.bisect and len(send) > 1:
-                mid = len(send) // 2
-                self._attempt(batch, send[:mid], results, failed)  # left first: keeps group order
-                self._attempt(batch, send[mid:], results, failed)
-                return
-            for i in send:
+            if exc.bisect and len(idx) > 1:
+                mid = len(idx) // 2
+                if self._attempt(batch, idx[:mid], results):  # left first: keeps group order
+                    for i in idx[mid:]:
+                        results[i] = NOT_SENT
+                    return True
+                return self._attempt(batch, idx[mid:], results)
+            for i in idx:
                 results[i] = exc.reason
-                group = batch[i].group
-                if group is not None:
-                    failed.add(group)
-            return
-        for i in send:
+            return True
+        for i in idx:
             results[i] = None
+        return False
 
     def _post(self, payloads: list[bytes], keys: list[str]) -> None:
         assert self._client is not None

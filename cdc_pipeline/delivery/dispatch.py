@@ -1,0 +1,38 @@
+"""Hand a batch to a sink in the calls its ordering needs, and apply the engine's policy to the results.
+
+The sink reports raw per-message outcomes; `GroupOrder` (ordering.py) decides what each call carries and
+what is held back. Before each call the sink learns the earliest position the engine will park, so a
+sink that commits its own position never records one past a message that is not delivered yet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from cdc_pipeline.delivery.ordering import GroupOrder, position_of
+from cdc_pipeline.sinks.base import OutboundMessage, Sink, SinkUnavailable, Unreachable
+from cdc_pipeline.state.store import Position
+
+
+def deliver_in_order(sink: Sink, messages: Sequence[OutboundMessage],
+                     kept_back: Position | None = None) -> list[str | None]:
+    """One result per message: None (delivered), its own error, or ordering.HELD. `kept_back` is the
+    earliest position of the batch the engine parks without sending. Raises SinkUnavailable when the
+    destination is down and nothing was delivered."""
+    order = GroupOrder([m.group for m in messages], sink.one_per_group)
+    ceiling, seen = kept_back, 0
+    while call := order.next_call():
+        for i in order.parked[seen:]:
+            pos = position_of(messages[i])
+            ceiling = pos if ceiling is None else min(ceiling, pos)
+        seen = len(order.parked)
+        sink.hold_position_below(ceiling)
+        try:
+            results = sink.deliver([messages[i] for i in call])
+        except SinkUnavailable as exc:
+            if not order.delivered:
+                raise
+            order.give_up(call, Unreachable(f"not delivered: {exc}"))
+            break
+        order.record(call, results)
+    return order.outcome()
