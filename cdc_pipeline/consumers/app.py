@@ -141,8 +141,8 @@ def create_app(config: PipelineConfig, environ: Mapping[str, str] = os.environ, 
     app = FastAPI(title="cdc_pipeline pull consumers", version="1", lifespan=lifespan)
     bearer = HTTPBearer(auto_error=False, description="the token in the consumer's token_env variable")
 
-    def consumer(name: str, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
-                 ) -> Consumer:
+    async def consumer(name: str, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+                       ) -> Consumer:  # async: a plain def would cost a thread-pool hop per request
         unauthorized = HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
         if credentials is None:
             raise unauthorized
@@ -153,6 +153,9 @@ def create_app(config: PipelineConfig, environ: Mapping[str, str] = os.environ, 
             raise unauthorized
         return found
 
+    # One receive statement per consumer at a time in this process: concurrent ones scan the same queue
+    # head and mostly skip each other's locked rows (measured: 5-7x the statement time of one at a time).
+    receiving = {name: asyncio.Lock() for name in consumers}
     last_wait_log: dict[str, float] = {}
     errors: dict[int | str, dict[str, Any]] = {401: {"description": "missing or wrong bearer token"},
                                                404: {"description": "no such consumer"}}
@@ -163,7 +166,7 @@ def create_app(config: PipelineConfig, environ: Mapping[str, str] = os.environ, 
         deadline = time.monotonic() + body.wait_for_ms / 1000
         while True:
             woken = wakeups.current(who.name)
-            async with pool.connection() as conn:
+            async with pool.connection() as conn, receiving[who.name]:
                 got = await queue.receive(conn, who.name, body.batch_size, who.visibility_timeout_ms,
                                           who.max_deliveries)
             left = deadline - time.monotonic()

@@ -25,15 +25,15 @@ MAX_BIGINT = 2**63 - 1
 MAX_INT = 2**31 - 1
 
 
-def canonical_ack_id(ack_id: str) -> tuple[int, str] | None:
-    """(row id, canonical form) of a well-formed ack id; None for anything that can never match a row."""
+def parse_ack_id(ack_id: str) -> tuple[int, int] | None:
+    """(row id, delivery number) of a well-formed ack id; None for anything that can never match a row."""
     head, dot, tail = ack_id.partition(".")
     if not (dot and head.isascii() and head.isdigit() and tail.isascii() and tail.isdigit()):
         return None
     row, delivery = int(head), int(tail)
     if row > MAX_BIGINT or delivery > MAX_INT:
         return None
-    return row, f"{row}.{delivery}"
+    return row, delivery
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ class PullQueue:
         # Parking happens when a message is about to go out again after max_deliveries: the row is
         # updated (parked, never visible again) but not returned to the client.
         return sql.SQL(
-            "WITH picked AS (SELECT q.id FROM {s}.pull_queue q "
+            "WITH picked AS (SELECT q.ctid AS tid FROM {s}.pull_queue q "
             "  WHERE q.consumer = %(c)s AND NOT q.parked AND q.visible_at <= now() "
             "  AND (q.group_key IS NULL OR NOT EXISTS (SELECT 1 FROM {s}.pull_queue e "
             "       WHERE e.consumer = q.consumer AND e.group_key = q.group_key AND e.id < q.id)) "
@@ -85,22 +85,23 @@ class PullQueue:
             "  deliveries = q.deliveries + (NOT coalesce(q.deliveries >= %(max)s::int, false))::int, "
             "  visible_at = CASE WHEN coalesce(q.deliveries >= %(max)s::int, false) THEN 'infinity' "
             "    ELSE clock_timestamp() + make_interval(secs => %(vt)s / 1000.0) END "
-            "FROM picked WHERE q.consumer = %(c)s AND q.id = picked.id "
+            "FROM picked WHERE q.ctid = picked.tid "
             "RETURNING q.id, q.deliveries, q.parked, q.payload").format(s=self.s)
 
     @property
     def ack_sql(self) -> sql.Composed:
+        # Joined to the (id, delivery) pairs: a primary-key probe per id, no text built per row.
         return sql.SQL(
-            "DELETE FROM {}.pull_queue WHERE consumer = %s AND id = ANY(%s) "
-            "AND (id::text || '.' || deliveries::text) = ANY(%s) AND NOT parked AND visible_at > now() "
-            "RETURNING id, deliveries").format(self.s)
+            "DELETE FROM {}.pull_queue q USING unnest(%s::bigint[], %s::int[]) a(id, d) "
+            "WHERE q.consumer = %s AND q.id = a.id AND q.deliveries = a.d AND NOT q.parked "
+            "AND q.visible_at > now() RETURNING q.id, q.deliveries").format(self.s)
 
     @property
     def nack_sql(self) -> sql.Composed:
         return sql.SQL(
-            "UPDATE {}.pull_queue SET visible_at = now() WHERE consumer = %s AND id = ANY(%s) "
-            "AND (id::text || '.' || deliveries::text) = ANY(%s) AND NOT parked AND visible_at > now() "
-            "RETURNING id, deliveries").format(self.s)
+            "UPDATE {}.pull_queue q SET visible_at = now() FROM unnest(%s::bigint[], %s::int[]) a(id, d) "
+            "WHERE q.consumer = %s AND q.id = a.id AND q.deliveries = a.d AND NOT q.parked "
+            "AND q.visible_at > now() RETURNING q.id, q.deliveries").format(self.s)
 
     async def receive(self, conn: psycopg.AsyncConnection, consumer: str, batch_size: int,
                       visibility_timeout_ms: int, max_deliveries: int | None) -> list[Received]:
@@ -113,14 +114,14 @@ class PullQueue:
     async def settle(self, conn: psycopg.AsyncConnection, consumer: str, ack_ids: Sequence[str],
                      nack: bool = False) -> tuple[int, list[str]]:
         """Ack (delete) or nack (make available now) by ack id: (how many matched, the stale ids)."""
-        parsed = [canonical_ack_id(a) for a in ack_ids]
+        parsed = [parse_ack_id(a) for a in ack_ids]
         valid = [p for p in parsed if p is not None]
-        done: set[str] = set()
+        done: set[tuple[int, int]] = set()
         if valid:
             cur = await conn.execute(self.nack_sql if nack else self.ack_sql,
-                                     (consumer, [p[0] for p in valid], [p[1] for p in valid]))
-            done = {f"{r[0]}.{r[1]}" for r in await cur.fetchall()}
+                                     ([p[0] for p in valid], [p[1] for p in valid], consumer))
+            done = {(r[0], r[1]) for r in await cur.fetchall()}
             if nack and done:
                 await conn.execute("SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, consumer))
-        stale = [a for a, p in zip(ack_ids, parsed, strict=True) if p is None or p[1] not in done]
+        stale = [a for a, p in zip(ack_ids, parsed, strict=True) if p is None or p not in done]
         return len(done), stale
