@@ -181,6 +181,45 @@ def test_auth_unknown_consumer_and_bad_bodies(served):
         assert seqs(receive(c, "orders", 1)) == [("x", 1)]  # none of that disturbed the queue
 
 
+def test_fast_path_answers_exactly_as_the_fastapi_routes(served):
+    """serve answers well-formed authorized requests without FastAPI's routing (consumers/fastpath.py);
+    a lower-case scheme or a charset parameter takes FastAPI's own path: both must answer the same."""
+    config, server = served()
+    enqueue(config, [("a", 1), ("b", 1), ("a", 2), ("b", 2)])
+    fast = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+    routed = {"Authorization": f"bearer {TOKEN}", "Content-Type": "application/json; charset=utf-8"}
+    bodies: list[tuple[str, Any]] = [
+        ("receive", {"batch_size": 0}), ("receive", {"batch_size": 1.5, "wait_for_ms": "7"}),
+        ("receive", {"batch_size": 1, "x": 1}), ("receive", [1]), ("receive", "{"), ("ack", {"ack_ids": []}),
+        ("ack", {"ack_ids": ["1.1", "nonsense", "\ud800", "x" * 65]}), ("nack", {"ack_ids": ["7.0", "1.1"]}),
+        ("ack", {"ack_ids": ["\ud800"]}), ("nack", {}), ("ack", None)]
+    with client(server) as c:
+        for verb, body in bodies:
+            raw = body if isinstance(body, str) else json.dumps(body)
+            answers = [c.post(f"/api/consumers/orders/{verb}", content=raw.encode(), headers=h) for h in (fast, routed)]
+            assert answers[0].status_code == answers[1].status_code < 500, (verb, body, answers[0].text)
+            assert answers[0].json() == answers[1].json(), (verb, body)
+            assert answers[0].headers["content-type"] == answers[1].headers["content-type"]
+        # The state changing ones: the same messages, in the same shape, whichever path.
+        got = []
+        for h in (fast, routed, fast, routed):
+            r = c.post("/api/consumers/orders/receive", json={"batch_size": 1}, headers=h)
+            assert r.status_code == 200 and r.headers["content-type"] == "application/json"
+            [item] = r.json()["data"]
+            assert set(item) == {"ack_id", "message"}
+            got.append((item["message"]["record"]["group"], item["message"]["record"]["seq"]))
+            verb = "ack" if len(got) % 2 else "nack"
+            r = c.post(f"/api/consumers/orders/{verb}", json={"ack_ids": [item["ack_id"]]}, headers=h)
+            assert r.json() == {"settled": 1, "stale": []}
+        assert got == [("a", 1), ("b", 1), ("b", 1), ("a", 2)]  # nacked b1 again, before the later a2
+        rest = c.post("/api/consumers/orders/receive", json={"batch_size": 9}, headers=fast).json()["data"]
+        assert seqs(rest) == [("a", 2), ("b", 2)]
+        assert settle(c, "orders", [m["ack_id"] for m in rest]) == {"settled": 2, "stale": []}
+        for h in (fast, routed):  # an empty long-poll, both ways
+            r = c.post("/api/consumers/orders/receive", json={"batch_size": 5, "wait_for_ms": 50}, headers=h)
+            assert r.json() == {"data": []}
+
+
 def test_server_survives_clients_that_disconnect(served):
     config, server = served()
     body = json.dumps({"batch_size": 1, "wait_for_ms": 5000}).encode()
