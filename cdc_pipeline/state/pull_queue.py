@@ -69,6 +69,44 @@ class PullQueue:
         assert row is not None
         return {"waiting": int(row[0]), "in_flight": int(row[1]), "parked": int(row[2])}
 
+    # -- parked messages, for `failed list|retry|discard` (one place for every sink type) ----------
+    def list_parked(self, conn: psycopg.Connection, consumer: str | None) -> list[dict[str, object]]:
+        """Parked messages in the shape of Store.list_failed's rows. A parked pull message is not
+        retried on its own: `retry` makes it available again, `discard` deletes it (freeing its group)."""
+        rows = conn.execute(sql.SQL(
+            "SELECT consumer, commit_lsn, commit_idx, group_key, deliveries, enqueued_at FROM {}.pull_queue "
+            "WHERE parked AND (%s::text IS NULL OR consumer = %s) ORDER BY consumer, id").format(self.s),
+            (consumer, consumer)).fetchall()
+        return [{"sink": r[0], "commit_lsn": r[1], "commit_idx": r[2], "group_key": r[3], "status": "parked",
+                 "attempts": r[4], "last_error": f"not acknowledged after {r[4]} deliveries (max_deliveries)",
+                 "first_failed_at": r[5], "next_attempt_at": None, "id": f"{r[1]}:{r[2]}"} for r in rows]
+
+    def unpark(self, conn: psycopg.Connection, consumer: str | None,
+               position: tuple[int, int] | None) -> int:
+        """Parked messages available to consumers again, counting deliveries from zero. Not committed."""
+        cur = conn.execute(sql.SQL(
+            "UPDATE {}.pull_queue SET parked = false, deliveries = 0, visible_at = '-infinity' WHERE parked "
+            "AND (%s::text IS NULL OR consumer = %s) AND (%s::bigint IS NULL OR (commit_lsn, commit_idx) = "
+            "(%s, %s)) RETURNING consumer").format(self.s), (consumer, consumer, *_position(position)))
+        woken = {r[0] for r in cur.fetchall()}
+        for name in woken:  # long-polls waiting for this consumer look again
+            conn.execute("SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, name))
+        return cur.rowcount
+
+    def drop_parked(self, conn: psycopg.Connection, consumer: str | None,
+                    position: tuple[int, int] | None) -> list[str]:
+        """Delete parked messages (their groups flow on; counted in the sink's `discarded`); the
+        consumer of each one deleted. Not committed."""
+        rows = conn.execute(sql.SQL(
+            "DELETE FROM {}.pull_queue WHERE parked AND (%s::text IS NULL OR consumer = %s) "
+            "AND (%s::bigint IS NULL OR (commit_lsn, commit_idx) = (%s, %s)) RETURNING consumer")
+            .format(self.s), (consumer, consumer, *_position(position))).fetchall()
+        for name in {r[0] for r in rows}:
+            conn.execute(sql.SQL("UPDATE {}.sink_offsets SET discarded = discarded + %s WHERE sink = %s")
+                         .format(self.s), (sum(1 for r in rows if r[0] == name), name))
+            conn.execute("SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, name))
+        return [r[0] for r in rows]
+
     # -- the serving side (async) -----------------------------------------------------------------
     @property
     def receive_sql(self) -> sql.Composed:
@@ -125,3 +163,7 @@ class PullQueue:
                 await conn.execute("SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, consumer))
         stale = [a for a, p in zip(ack_ids, parsed, strict=True) if p is None or p not in done]
         return len(done), stale
+
+
+def _position(position: tuple[int, int] | None) -> tuple[int | None, int | None, int | None]:
+    return (None, None, None) if position is None else (position[0], position[0], position[1])

@@ -140,6 +140,43 @@ def test_max_deliveries_parks_and_holds_its_group(served):
     assert status.collect(config)["sinks"]["orders"]["pull_queue"] == {"waiting": 1, "in_flight": 0, "parked": 1}
 
 
+def test_parked_pull_messages_in_failed_list_retry_and_discard(served, capsys):
+    """`failed list|retry|discard` reach an http_pull sink's parked messages like any sink's."""
+    from cdc_pipeline.cli import main as cli_main
+
+    config, server = served(max_deliveries=1)
+    enqueue(config, [("p", 1), ("p", 2), ("q", 1)])
+    cli = ["--config", str(config.path), "failed"]
+
+    def park_head(c: httpx.Client) -> None:  # handed out once, nacked, parked when it would go out again
+        got = receive(c, "orders", 10)
+        settle(c, "orders", [m["ack_id"] for m in got if m["message"]["record"]["group"] == "p"], "nack")
+        settle(c, "orders", [m["ack_id"] for m in got if m["message"]["record"]["group"] == "q"])
+        assert receive(c, "orders", 10) == []
+
+    with client(server) as c:
+        park_head(c)
+        capsys.readouterr()
+        assert cli_main([*cli, "list", "--json"]) == 0
+        [item] = json.loads(capsys.readouterr().out)
+        assert (item["sink"], item["id"], item["group_key"], item["status"]) == ("orders", "1:0", "p", "parked")
+        assert cli_main([*cli, "list"]) == 0
+        assert "orders 1:0 group=p parked attempts=1" in capsys.readouterr().out
+        assert cli_main([*cli, "retry", "1:0"]) == 0  # available again, its delivery count from zero
+        assert "1 message(s) due for retry now" in capsys.readouterr().out
+        assert seqs(receive(c, "orders", 10, wait_for_ms=2000)) == [("p", 1)]
+        assert receive(c, "orders", 10) == []  # p2 still behind it
+        # Its lease ends now (not acked): it parks again on its next way out.
+        with psycopg.connect(config.state_dsn) as conn:
+            conn.execute("UPDATE cdc_pipeline.pull_queue SET visible_at = now() WHERE consumer = 'orders'")
+        assert receive(c, "orders", 10) == []
+        assert cli_main([*cli, "discard", "--all", "--sink", "orders"]) == 0
+        assert "1 message(s) discarded" in capsys.readouterr().out
+        assert seqs(receive(c, "orders", 10, wait_for_ms=2000)) == [("p", 2)]  # its group flows on
+    assert cli_main([*cli, "retry", "1:0"]) == 1  # nothing matches any more
+    assert status.collect(config)["sinks"]["orders"]["pull_queue"]["parked"] == 0
+
+
 def test_long_poll_wakes_when_messages_are_queued(served):
     config, server = served()
     with client(server) as c:
