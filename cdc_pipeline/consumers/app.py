@@ -156,7 +156,8 @@ class PullService:
         deadline = time.monotonic() + wait_for_ms / 1000
         while True:
             woken = self.wakeups.current(who.name)
-            async with self.pool.connection() as conn, self.receiving[who.name]:
+            # The lock first: receivers queued behind it hold no pooled connection that acks need.
+            async with self.receiving[who.name], self.pool.connection() as conn:
                 got = await self.queue.receive(conn, who.name, batch_size, who.visibility_timeout_ms,
                                                who.max_deliveries)
             left = deadline - time.monotonic()
