@@ -66,22 +66,27 @@ def deliver(ctx: click.Context, sink: str | None, until_idle: bool, seconds: flo
 def failed(ctx: click.Context, action: str, message_id: str | None, every: bool, include_discarded: bool,
            sink: str | None, as_json: bool) -> int:
     """List, retry or discard parked messages. ID is a message's commit_lsn:commit_idx (from `failed list`).
-    Retry/discard exit 1 when no message matched an ID."""
+    Retry/discard exit 1 when no message matched an ID. An http_pull sink's parked message (max_deliveries)
+    is available to consumers again after retry; discard deletes it from the queue."""
 
+    from cdc_pipeline.state.pull_queue import PullQueue
     from cdc_pipeline.state.store import Store
 
     config = load(ctx)
     if sink:
         config.sink(sink)  # unknown sink: a clear error
     store = Store(config.state.schema_name)
+    pull = PullQueue(config.state.schema_name)  # http_pull sinks park in their queue
     with session.connect(config.state_dsn) as conn:
         if action == "list":
-            items = store.list_failed(conn, sink)
+            items = sorted(store.list_failed(conn, sink) + pull.list_parked(conn, sink),
+                           key=lambda it: (it["sink"], it["commit_lsn"], it["commit_idx"]))
             if as_json:
                 print(json.dumps(items, indent=2, default=str))
             for it in [] if as_json else items:
+                due = f"{it['next_attempt_at']:%Y-%m-%d %H:%M:%S}" if it["next_attempt_at"] else "on retry"
                 print(f"{it['sink']} {it['id']} group={it['group_key']} {it['status']} attempts={it['attempts']} "
-                      f"next={it['next_attempt_at']:%Y-%m-%d %H:%M:%S} error={it['last_error']}")
+                      f"next={due} error={it['last_error']}")
             if not items and not as_json:
                 print("no failed messages")
             return 0
@@ -96,8 +101,9 @@ def failed(ctx: click.Context, action: str, message_id: str | None, every: bool,
         if action == "retry":
             # A message named by ID is revived whatever its status; --all revives parked ones only.
             n, revived = store.retry_now(conn, sink, position, include_discarded or position is not None)
+            n += pull.unpark(conn, sink, position)
         else:
-            n, revived = store.discard_now(conn, sink, position), 0
+            n, revived = store.discard_now(conn, sink, position) + len(pull.drop_parked(conn, sink, position)), 0
         conn.commit()
     if revived:
         print(f"warning: {revived} discarded message(s) revived: each is delivered after the newer versions of "

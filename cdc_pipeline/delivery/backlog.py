@@ -25,6 +25,7 @@ from cdc_pipeline.state.store import Position, Store
 log = logging.getLogger(__name__)
 
 ORIGIN = "backlog-resync"
+CHECK_SECONDS = 60.0  # how often a running delivery checks again (it always checks when it starts)
 
 
 class BacklogExceeded(RuntimeError):

@@ -176,9 +176,21 @@ class Deliverer(Staging, Parking):
         with session.connect(self.config.state_dsn) as loader, ThreadPoolExecutor(1) as pool:
             ahead: Future[Staged] | None = None
             idle = False
+            backlog_due = time.monotonic() + backlog.CHECK_SECONDS
             while not self._stop.is_set():
                 if seconds is not None and time.monotonic() - started >= seconds:
                     break
+                if self.config.state.max_backlog_hours is not None and time.monotonic() >= backlog_due \
+                        and not self.dry_run:  # a long run can fall behind too, not only a starting one
+                    backlog_due = time.monotonic() + backlog.CHECK_SECONDS
+                    new_offset, resync = backlog.enforce(self.config, self.sink_config, self.store, conn, offset)
+                    conn.commit()
+                    if resync:
+                        if ahead is not None:
+                            ahead.result()  # staged from the old offset: dropped
+                            ahead = None
+                        offset = new_offset
+                        self._resyncs += backlog.start_resync(self.config, self.sink_config, list(self.sink_config.tables))
                 if not self.dry_run:
                     self._retry_due(conn, stats)
                 staged = ahead.result() if ahead is not None else self._load_and_stage(loader, offset)

@@ -78,3 +78,38 @@ def test_row_stream_past_the_limit_is_resynced_by_a_backfill(source_db, db_facto
         assert Store("cdc_pipeline").apply_retention(conn, 0.0001, ["mirror"]) >= 80
         conn.commit()
     assert {r["v"] for r in rows(dest.dsn, "mirror.t") if r["id"] <= 20} == {"v1"}
+
+
+def test_a_running_delivery_that_falls_behind_stops_loudly(source_db, db_factory, write_config, spark, monkeypatch):
+    """The limit is checked again while a long delivery runs, not only when it starts: here a slow
+    destination lets a change stream fall further behind than the limit mid-run."""
+    from cdc_pipeline.delivery import backlog
+    from cdc_pipeline.delivery.engine import Deliverer
+    from cdc_pipeline.sinks import build_sink
+
+    monkeypatch.setattr(backlog, "CHECK_SECONDS", 0.3)
+    dest = db_factory()
+    source_db.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    data = mirror_config(source_db.dsn, dest.dsn, ["public.t"])
+    data["state"] = {"max_backlog_hours": 4 * LIMIT_HOURS}
+    data["sinks"][0]["batch_size"] = 5
+    config = write_config(data)
+    setup(config)
+    source_db.execute("INSERT INTO t SELECT g, 'v' FROM generate_series(1, 60) g")
+    drain(config)
+    sink = build_sink(config.sink("mirror"))
+    deliver_batch = sink.deliver
+
+    def slow(batch):  # type: ignore[no-untyped-def]  # a destination taking 0.5 s per 5 messages
+        time.sleep(0.5)
+        return deliver_batch(batch)
+
+    sink.deliver = slow  # type: ignore[method-assign]
+    started = time.monotonic()
+    with pytest.raises(BacklogExceeded, match="sink 'mirror' is stopped"):  # within the start's limit
+        Deliverer(config, config.sink("mirror"), spark, sink=sink).run(until_idle=False, seconds=60)
+    assert time.monotonic() - started < 30
+    with psycopg.connect(config.state_dsn) as conn:
+        offset = Store("cdc_pipeline").sink_offset(conn, "mirror")
+    assert offset > (0, -1)  # it delivered some, then stopped; the rest is kept in the log
+    assert len(rows(dest.dsn, "mirror.t")) < 60

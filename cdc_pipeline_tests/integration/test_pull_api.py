@@ -140,6 +140,43 @@ def test_max_deliveries_parks_and_holds_its_group(served):
     assert status.collect(config)["sinks"]["orders"]["pull_queue"] == {"waiting": 1, "in_flight": 0, "parked": 1}
 
 
+def test_parked_pull_messages_in_failed_list_retry_and_discard(served, capsys):
+    """`failed list|retry|discard` reach an http_pull sink's parked messages like any sink's."""
+    from cdc_pipeline.cli import main as cli_main
+
+    config, server = served(max_deliveries=1)
+    enqueue(config, [("p", 1), ("p", 2), ("q", 1)])
+    cli = ["--config", str(config.path), "failed"]
+
+    def park_head(c: httpx.Client) -> None:  # handed out once, nacked, parked when it would go out again
+        got = receive(c, "orders", 10)
+        settle(c, "orders", [m["ack_id"] for m in got if m["message"]["record"]["group"] == "p"], "nack")
+        settle(c, "orders", [m["ack_id"] for m in got if m["message"]["record"]["group"] == "q"])
+        assert receive(c, "orders", 10) == []
+
+    with client(server) as c:
+        park_head(c)
+        capsys.readouterr()
+        assert cli_main([*cli, "list", "--json"]) == 0
+        [item] = json.loads(capsys.readouterr().out)
+        assert (item["sink"], item["id"], item["group_key"], item["status"]) == ("orders", "1:0", "p", "parked")
+        assert cli_main([*cli, "list"]) == 0
+        assert "orders 1:0 group=p parked attempts=1" in capsys.readouterr().out
+        assert cli_main([*cli, "retry", "1:0"]) == 0  # available again, its delivery count from zero
+        assert "1 message(s) due for retry now" in capsys.readouterr().out
+        assert seqs(receive(c, "orders", 10, wait_for_ms=2000)) == [("p", 1)]
+        assert receive(c, "orders", 10) == []  # p2 still behind it
+        # Its lease ends now (not acked): it parks again on its next way out.
+        with psycopg.connect(config.state_dsn) as conn:
+            conn.execute("UPDATE cdc_pipeline.pull_queue SET visible_at = now() WHERE consumer = 'orders'")
+        assert receive(c, "orders", 10) == []
+        assert cli_main([*cli, "discard", "--all", "--sink", "orders"]) == 0
+        assert "1 message(s) discarded" in capsys.readouterr().out
+        assert seqs(receive(c, "orders", 10, wait_for_ms=2000)) == [("p", 2)]  # its group flows on
+    assert cli_main([*cli, "retry", "1:0"]) == 1  # nothing matches any more
+    assert status.collect(config)["sinks"]["orders"]["pull_queue"]["parked"] == 0
+
+
 def test_long_poll_wakes_when_messages_are_queued(served):
     config, server = served()
     with client(server) as c:
@@ -179,6 +216,45 @@ def test_auth_unknown_consumer_and_bad_bodies(served):
             assert c.post(f"/api/consumers/orders/{verb}", json={}).status_code == 422
             assert c.post(f"/api/consumers/orders/{verb}", content=b"{not json").status_code == 422
         assert seqs(receive(c, "orders", 1)) == [("x", 1)]  # none of that disturbed the queue
+
+
+def test_fast_path_answers_exactly_as_the_fastapi_routes(served):
+    """serve answers well-formed authorized requests without FastAPI's routing (consumers/fastpath.py);
+    a lower-case scheme or a charset parameter takes FastAPI's own path: both must answer the same."""
+    config, server = served()
+    enqueue(config, [("a", 1), ("b", 1), ("a", 2), ("b", 2)])
+    fast = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+    routed = {"Authorization": f"bearer {TOKEN}", "Content-Type": "application/json; charset=utf-8"}
+    bodies: list[tuple[str, Any]] = [
+        ("receive", {"batch_size": 0}), ("receive", {"batch_size": 1.5, "wait_for_ms": "7"}),
+        ("receive", {"batch_size": 1, "x": 1}), ("receive", [1]), ("receive", "{"), ("ack", {"ack_ids": []}),
+        ("ack", {"ack_ids": ["1.1", "nonsense", "\ud800", "x" * 65]}), ("nack", {"ack_ids": ["7.0", "1.1"]}),
+        ("ack", {"ack_ids": ["\ud800"]}), ("nack", {}), ("ack", None)]
+    with client(server) as c:
+        for verb, body in bodies:
+            raw = body if isinstance(body, str) else json.dumps(body)
+            answers = [c.post(f"/api/consumers/orders/{verb}", content=raw.encode(), headers=h) for h in (fast, routed)]
+            assert answers[0].status_code == answers[1].status_code < 500, (verb, body, answers[0].text)
+            assert answers[0].json() == answers[1].json(), (verb, body)
+            assert answers[0].headers["content-type"] == answers[1].headers["content-type"]
+        # The state changing ones: the same messages, in the same shape, whichever path.
+        got = []
+        for h in (fast, routed, fast, routed):
+            r = c.post("/api/consumers/orders/receive", json={"batch_size": 1}, headers=h)
+            assert r.status_code == 200 and r.headers["content-type"] == "application/json"
+            [item] = r.json()["data"]
+            assert set(item) == {"ack_id", "message"}
+            got.append((item["message"]["record"]["group"], item["message"]["record"]["seq"]))
+            verb = "ack" if len(got) % 2 else "nack"
+            r = c.post(f"/api/consumers/orders/{verb}", json={"ack_ids": [item["ack_id"]]}, headers=h)
+            assert r.json() == {"settled": 1, "stale": []}
+        assert got == [("a", 1), ("b", 1), ("b", 1), ("a", 2)]  # nacked b1 again, before the later a2
+        rest = c.post("/api/consumers/orders/receive", json={"batch_size": 9}, headers=fast).json()["data"]
+        assert seqs(rest) == [("a", 2), ("b", 2)]
+        assert settle(c, "orders", [m["ack_id"] for m in rest]) == {"settled": 2, "stale": []}
+        for h in (fast, routed):  # an empty long-poll, both ways
+            r = c.post("/api/consumers/orders/receive", json={"batch_size": 5, "wait_for_ms": 50}, headers=h)
+            assert r.json() == {"data": []}
 
 
 def test_server_survives_clients_that_disconnect(served):
