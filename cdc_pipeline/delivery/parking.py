@@ -7,18 +7,20 @@ due groups are retried in log order, RETRY_CHUNK messages at a time.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import psycopg
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from cdc_pipeline.config import SinkConfig
 from cdc_pipeline.delivery.backoff import next_delay_ms
 from cdc_pipeline.delivery.outage import Liveness
 from cdc_pipeline.delivery.staging import NotIsolated, StageFailure
 from cdc_pipeline.delivery.stats import DeliveryStats
-from cdc_pipeline.sinks.base import OutboundMessage, Sink
+from cdc_pipeline.sinks.base import OutboundMessage, Sink, TypedRow
 from cdc_pipeline.state.store import Position, Store
+from cdc_pipeline.state.typed_rows import Columns
 
 HELD = "held behind an earlier failed message of its group"
 # Parked messages due for a retry are staged this many at a time: a transform failing on several of
@@ -26,10 +28,20 @@ HELD = "held behind an earlier failed message of its group"
 RETRY_CHUNK = 256
 
 
-def messages_from(out: pa.Table) -> list[OutboundMessage]:
+def messages_from(out: pa.Table, shapes: Mapping[str, Columns] | None = None) -> list[OutboundMessage]:
+    """The stage's output as messages; typed reads (a ``tup`` column, with their backfills' ``shapes``)
+    carry their typed row."""
     cols = [out.column(c).to_pylist() for c in ("commit_lsn", "commit_idx", "group_key", "route", "payload")]
-    return [OutboundMessage(f"{lsn}:{idx}", group, route, payload.encode())
-            for lsn, idx, group, route, payload in zip(*cols, strict=True)]
+    messages = [OutboundMessage(f"{lsn}:{idx}", group, route, payload.encode())
+                for lsn, idx, group, route, payload in zip(*cols, strict=True)]
+    if "tup" in out.column_names:  # a typed read without its shape fails here, never goes out as record null
+        typed = pc.indices_nonzero(pc.is_valid(out.column("tup"))).to_pylist()
+        if typed:
+            pick = out.select(["table_schema", "table_name", "backfill_id", "tup"]).take(typed)
+            for i, schema, table, bid, text in zip(typed, *(pick.column(c).to_pylist() for c in pick.column_names),
+                                                   strict=True):
+                messages[i].typed = TypedRow(schema, table, (shapes or {})[bid], text)
+    return messages
 
 
 def position_of(message: OutboundMessage) -> Position:

@@ -26,7 +26,7 @@ import concurrent.futures
 import contextlib
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 from anyio.from_thread import BlockingPortal, start_blocking_portal
@@ -38,12 +38,23 @@ HELD_SENT = ("held back: an earlier message of its group failed in this batch "
              "(this one was already accepted; it is redelivered after the failed one)")
 
 
+class TypedRow(NamedTuple):
+    """A backfill read carried typed (backfill/typed.py): the row as PostgreSQL composite text, whose
+    fields are ``columns`` (name, type as SQL) in order. Only sinks that declare ``takes_typed_rows`` get one."""
+
+    table_schema: str
+    table_name: str
+    columns: tuple[tuple[str, str], ...]
+    text: str
+
+
 @dataclass(slots=True)
 class OutboundMessage:
     key: str  # idempotency key, stable across redeliveries
     group: str | None  # ordering group (None = ungrouped)
     route: str | None  # per-message destination override; None = the destination's default
-    payload: bytes  # compact UTF-8 JSON: {"record", "changes", "action", "metadata"}
+    payload: bytes  # compact UTF-8 JSON: {"record", "changes", "action", "metadata"}; record null if typed
+    typed: TypedRow | None = None  # a typed read: the record travels here instead
 
 
 class Unreachable(str):
