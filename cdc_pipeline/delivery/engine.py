@@ -243,8 +243,12 @@ class Deliverer(Staging, Parking):
         def is_held(m: OutboundMessage) -> bool:
             return m.group is not None and (m.group in blocked or position_of(m) > first_failed.get(m.group, MAX_POS))
 
-        send = [m for m in messages if not is_held(m)]
-        held = [m for m in messages if is_held(m)]
+        if blocked or first_failed:
+            held_back = [is_held(m) for m in messages]
+            send = [m for m, h in zip(messages, held_back, strict=True) if not h]
+            held = [m for m, h in zip(messages, held_back, strict=True) if h]
+        else:  # the usual batch: nothing parked, nothing failed in the stage; no per-message test
+            send, held = messages, []
         # Those are parked only by the state commit below: the sink must not record a position past them.
         kept_back = [position_of(m) for m in held] + [pos for pos, _, _ in stage_failed]
         assert self.sink is not None

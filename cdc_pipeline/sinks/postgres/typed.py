@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Sequence
 
 import psycopg
@@ -23,6 +24,7 @@ from cdc_pipeline.postgres.compose import execute
 from cdc_pipeline.sinks.base import TypedRow
 
 Columns = tuple[tuple[str, str], ...]
+_TYPE_SQL = re.compile(r'[a-z][a-z0-9_ ]*(\([0-9, ]+\))?[a-z ]*(\[\])*|"char"(\[\])*')
 JSON_RUN = -1  # the shape number of a run of messages that are not typed reads
 
 STAGE_DDL = ("CREATE TEMP TABLE IF NOT EXISTS _cdc_typed (seq integer, sch text, tbl text, shape integer, tup text) "
@@ -61,6 +63,9 @@ def runs(conn: psycopg.Connection, schema: str, name: str, lo: int, hi: int) -> 
 def _row_type(conn: psycopg.Connection, columns: Columns) -> sql.Composable:
     """A temp table whose row type parses composite text of ``columns`` (names and types from the source
     catalog: identifiers quoted, type names from format_type)."""
+    for _, type_sql in columns:  # built-in type names only (backfill/typed.py); never anything to execute
+        if not _TYPE_SQL.fullmatch(type_sql):
+            raise ValueError(f"typed row: unexpected column type {type_sql[:80]!r}")
     name = "_cdc_row_" + hashlib.sha256(json.dumps(columns).encode()).hexdigest()[:20]
     ident = sql.Identifier("pg_temp", name)
     conn.execute(sql.SQL("CREATE TEMP TABLE IF NOT EXISTS {} ({})").format(
