@@ -11,7 +11,6 @@ from collections.abc import Callable, Mapping, Sequence
 
 import psycopg
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from cdc_pipeline.config import SinkConfig
 from cdc_pipeline.delivery.backoff import next_delay_ms
@@ -32,15 +31,22 @@ def messages_from(out: pa.Table, shapes: Mapping[str, Columns] | None = None) ->
     """The stage's output as messages; typed reads (a ``tup`` column, with their backfills' ``shapes``)
     carry their typed row."""
     cols = [out.column(c).to_pylist() for c in ("commit_lsn", "commit_idx", "group_key", "route", "payload")]
-    messages = [OutboundMessage(f"{lsn}:{idx}", group, route, payload.encode())
+    if "tup" not in out.column_names or out.column("tup").null_count == out.num_rows:
+        return [OutboundMessage(f"{lsn}:{idx}", group, route, payload.encode())
                 for lsn, idx, group, route, payload in zip(*cols, strict=True)]
-    if "tup" in out.column_names:  # a typed read without its shape fails here, never goes out as record null
-        typed = pc.indices_nonzero(pc.is_valid(out.column("tup"))).to_pylist()
-        if typed:
-            pick = out.select(["table_schema", "table_name", "backfill_id", "tup"]).take(typed)
-            for i, schema, table, bid, text in zip(typed, *(pick.column(c).to_pylist() for c in pick.column_names),
-                                                   strict=True):
-                messages[i].typed = TypedRow(schema, table, (shapes or {})[bid], text)
+    # A typed read without its shape fails here (KeyError), never goes out as a record null.
+    shaped: dict[tuple[str, str, str], tuple[str, str, Columns]] = {}
+    messages: list[OutboundMessage] = []
+    for lsn, idx, group, route, payload, tup, schema, table, bid in zip(
+            *cols, *(out.column(c).to_pylist() for c in ("tup", "table_schema", "table_name", "backfill_id")),
+            strict=True):
+        m = OutboundMessage(f"{lsn}:{idx}", group, route, payload.encode())
+        if tup is not None:
+            where = shaped.get((schema, table, bid))
+            if where is None:
+                where = shaped[(schema, table, bid)] = (schema, table, (shapes or {})[bid])
+            m.typed = TypedRow(*where, tup)
+        messages.append(m)
     return messages
 
 

@@ -34,9 +34,12 @@ STAGE_DDL = ("CREATE TEMP TABLE IF NOT EXISTS _cdc_typed (seq integer, sch text,
 def stage(conn: psycopg.Connection, rows: Sequence[tuple[int, TypedRow]]) -> list[Columns]:
     """COPY the typed reads of a batch into ``_cdc_typed``; their shapes, by shape number."""
     shapes: dict[Columns, int] = {}
+    seen: dict[int, int] = {}  # by id: a backfill's rows share one columns tuple, not worth hashing per row
     with conn.cursor().copy("COPY _cdc_typed (seq, sch, tbl, shape, tup) FROM STDIN") as copy:
         for seq, row in rows:
-            number = shapes.setdefault(row.columns, len(shapes))
+            number = seen.get(id(row.columns))
+            if number is None:
+                number = seen[id(row.columns)] = shapes.setdefault(row.columns, len(shapes))
             copy.write_row((seq, row.table_schema, row.table_name, number, row.text))
     return list(shapes)
 
