@@ -22,6 +22,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import psycopg
 
@@ -31,9 +32,11 @@ from cdc_pipeline.backfill.progress import Progress
 from cdc_pipeline.backfill.reader import PageReader, emit, page_sql
 from cdc_pipeline.backfill.request import BackfillRequest, TableShape, resolve, table_shape
 from cdc_pipeline.backfill.state import BackfillConflict, BackfillStore
+from cdc_pipeline.backfill.typed import typed_columns, wanted
 from cdc_pipeline.backfill.watermark import Watermark, page_token
 from cdc_pipeline.config import PipelineConfig
 from cdc_pipeline.postgres import session
+from cdc_pipeline.state.typed_rows import ensure_row_type, record_shape
 
 __all__ = ["Backfiller", "BackfillRequest", "Progress", "TableShape", "page_sql", "resolve"]
 
@@ -90,6 +93,7 @@ class Backfiller:
                 log.warning(warnings[-1])
             reader.ensure_relation(src, state)
             backfill_id, resumed = self._claim(state, shape)
+            reader = replace(reader, typed=self._typed_shape(src, state, backfill_id))
             progress = self.progress = Progress(backfill_id, self.spec, "running", resumed=resumed, warnings=warnings)
             if not resumed:
                 self.flow.pages.set_estimate(state, backfill_id, reader.estimate(src))
@@ -119,6 +123,19 @@ class Backfiller:
                     waited = 0.0
                 time.sleep(1.0)
                 waited += 1.0
+
+    def _typed_shape(self, src: psycopg.Connection, state: psycopg.Connection, backfill_id: str
+                     ) -> tuple[tuple[str, str], ...] | None:
+        """The backfill's typed shape when it reads typed rows (backfill/typed.py); a resumed backfill
+        keeps the shape it started with (pages of another shape are read as JSON)."""
+        if not wanted(self.config, self.spec.sinks):
+            return None
+        columns = typed_columns(src, self.spec.schema_name, self.spec.table_name)
+        if columns is None:
+            return None
+        schema = self.config.state.schema_name
+        recorded = record_shape(state, schema, backfill_id, ensure_row_type(state, schema, columns), columns)
+        return recorded[1] if recorded else None
 
     def _record_error(self, state: psycopg.Connection, backfill_id: str, error: str) -> None:
         try:

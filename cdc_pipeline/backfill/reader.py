@@ -21,12 +21,14 @@ from psycopg import sql
 from cdc_pipeline.backfill.copybinary import tuple_fields
 from cdc_pipeline.backfill.request import TableShape
 from cdc_pipeline.backfill.state import BackfillSpec
+from cdc_pipeline.backfill.typed import typed_columns
 from cdc_pipeline.backfill.watermark import WATERMARK_PREFIX, Watermark, page_token
 from cdc_pipeline.postgres import catalog
 from cdc_pipeline.postgres.compose import escape_percent
 from cdc_pipeline.postgres.keyset import count_query, page_query
 from cdc_pipeline.state.backfill_pages import PageStore
 from cdc_pipeline.state.relations import upsert_relation
+from cdc_pipeline.state.typed_rows import Columns
 
 COPY_BLOCK = 1 << 20
 # jsonb refuses a NUL escape that a `json` value may hold: such a row is read through to_json (which keeps
@@ -43,11 +45,14 @@ def _render(conn: psycopg.Connection, query: sql.Composable, params: Sequence[ob
 
 
 def page_sql(conn: psycopg.Connection, shape: TableShape, backfill_id: str, page_no: int,
-             cursor: Sequence[str] | None, start: str | None, end: str | None, limit: int) -> str:
-    """SELECT (backfill_id, page_no, seq, pk, record, cursor) for one page; cursor is set on its last row only.
+             cursor: Sequence[str] | None, start: str | None, end: str | None, limit: int,
+             typed: Columns | None = None) -> str:
+    """SELECT (backfill_id, page_no, seq, pk, record, tup, cursor) for one page; cursor is set on its last
+    row only.
 
     ``pk`` is the JSON array text of the key as the drain writes it (``[1, "a"]``); ``record`` is
-    ``to_jsonb`` of the row, as the drain's records are.
+    ``to_jsonb`` of the row, as the drain's records are; or, with ``typed`` (the columns of a typed read,
+    backfill/typed.py), ``record`` is NULL and ``tup`` the row's composite text.
     """
     inner, inner_params = page_query(shape.schema, shape.name, None, shape.keyset, after=cursor, limit=limit,
                                      lower=[start] if start is not None else None, upper=end,
@@ -57,17 +62,23 @@ def page_sql(conn: psycopg.Connection, shape: TableShape, backfill_id: str, page
     if shape.has_json:
         record = sql.SQL("regexp_replace(to_json(p)::text, {}, {}, 'g')::jsonb").format(_NUL_ESCAPE, _ESCAPED_NUL)
     params: list[object] = [backfill_id, page_no]
-    if shape.generated:  # pgoutput does not send generated columns; nor do reads
+    tup: sql.Composable = sql.SQL("NULL::text")
+    if typed is not None:
+        record = sql.SQL("NULL::jsonb")
+        tup = sql.SQL("ROW({})::text").format(
+            sql.SQL(", ").join(sql.SQL("p.{}").format(sql.Identifier(escape_percent(c))) for c, _ in typed))
+    elif shape.generated:  # pgoutput does not send generated columns; nor do reads
         record = sql.SQL("({} - %s::text[])").format(record)
         params.append(list(shape.generated))
     # Typed as the staging table's columns: binary COPY carries values in their own types' formats.
     query = sql.SQL(
-        "SELECT %s::text, %s::integer, (row_number() OVER w)::integer, jsonb_build_array({pk})::text, {record}, "
+        "SELECT %s::text, %s::integer, (row_number() OVER w)::integer, jsonb_build_array({pk})::text, {record}, {tup}, "
         "CASE WHEN lead(true) OVER w IS NULL THEN jsonb_build_array({cursor})::text END "
         "FROM ({inner}) p WINDOW w AS (ORDER BY {order})"
     ).format(
         pk=sql.SQL(", ").join(col[k] for k in shape.primary_key),
         record=record,
+        tup=tup,
         cursor=sql.SQL(", ").join(sql.SQL("{}::text").format(col[k]) for k in shape.keyset),
         inner=inner,
         order=sql.SQL(", ").join(col[k] for k in shape.keyset),
@@ -119,10 +130,26 @@ class PageReader:
     shape: TableShape
     same_db: bool
     max_query_ms: int
+    typed: Columns | None = None  # the backfill's typed shape, if it reads typed rows (backfill/typed.py)
+
+    def _page_shape(self, src: psycopg.Connection) -> Columns | None:
+        """In the page's transaction: the typed shape if the table still has it, else None (a JSON page).
+        The table is locked first (as the select would), so no ALTER TABLE lands between this look at the
+        catalog and the select: a page never reads columns its typed shape does not name."""
+        if self.typed is None:
+            return None
+        src.execute(sql.SQL("LOCK TABLE {} IN ACCESS SHARE MODE").format(
+            sql.Identifier(self.shape.schema, self.shape.name)))
+        if typed_columns(src, self.shape.schema, self.shape.name) != self.typed:
+            return None
+        # Text output must read back as the same value wherever it is parsed (session.JSON_OPTIONS sets the
+        # time zone and date styles).
+        src.execute("SET LOCAL bytea_output = 'hex'")
+        src.execute("SET LOCAL extra_float_digits = 1")
+        return self.typed
 
     def read_and_stage(self, src: psycopg.Connection, state: psycopg.Connection, bid: str, page_no: int,
                        cursor: list[str] | None, size: int) -> Page:
-        select = page_sql(src, self.shape, bid, page_no, cursor, self.spec.start, self.spec.end, size)
         pages = PageStore(self.schema)
         timeout = sql.SQL("SET LOCAL statement_timeout = {}").format(sql.Literal(self.max_query_ms))
         if self.same_db:
@@ -130,6 +157,8 @@ class PageReader:
             # page's own transaction, so the rows never leave the server.
             with src.transaction():
                 snap, read_at = src.execute("SELECT pg_current_snapshot()::text, now()").fetchone()  # type: ignore[misc]
+                select = page_sql(src, self.shape, bid, page_no, cursor, self.spec.start, self.spec.end, size,
+                                  self._page_shape(src))
                 src.execute(timeout)
                 t0 = time.perf_counter()
                 row = src.execute(sql.SQL(
@@ -148,6 +177,8 @@ class PageReader:
         before = last = b""
         with state.transaction(), src.transaction():
             snap, read_at = src.execute("SELECT pg_current_snapshot()::text, now()").fetchone()  # type: ignore[misc]
+            select = page_sql(src, self.shape, bid, page_no, cursor, self.spec.start, self.spec.end, size,
+                              self._page_shape(src))
             src.execute(timeout)
             t0 = time.perf_counter()
             with state.cursor().copy(sql.SQL("COPY {} FROM STDIN (FORMAT binary)").format(pages.rows_table())) \

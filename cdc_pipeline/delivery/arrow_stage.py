@@ -52,7 +52,10 @@ def run_arrow_stage(plan: SinkPlan, batch: pa.Table) -> pa.Table:
                                             batch.column("pk"), "|", null_handling="skip")
     else:
         group = pa.nulls(n, pa.string())
-    return pa.table({
+    out = {
         "commit_lsn": batch.column("commit_lsn"), "commit_idx": batch.column("commit_idx"),
         "group_key": group, "route": pa.nulls(n, pa.string()), "payload": payload,
-    })
+    }
+    if "tup" in batch.column_names:  # typed reads (state/typed_rows.py) for a sink that writes them as they are
+        out.update({c: batch.column(c) for c in ("tup", "table_schema", "table_name", "backfill_id")})
+    return pa.table(out)

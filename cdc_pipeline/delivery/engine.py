@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import IO
 
 import psycopg
@@ -36,6 +36,7 @@ from cdc_pipeline.postgres import session
 from cdc_pipeline.sinks import build_sink
 from cdc_pipeline.sinks.base import OutboundMessage, Sink
 from cdc_pipeline.state.store import Position, Store
+from cdc_pipeline.state.typed_rows import Columns, shapes_of
 
 __all__ = ["Deliverer", "DeliveryStats", "SinkBusy"]
 
@@ -57,6 +58,7 @@ class Staged:
     last: Position  # the batch's last log position: the offset once it is sent
     out: pa.Table
     failed: list[StageFailure]
+    shapes: dict[str, Columns] = field(default_factory=dict)  # typed reads' shapes, by backfill
 
 
 class Deliverer(Staging, Parking):
@@ -71,6 +73,10 @@ class Deliverer(Staging, Parking):
         self.dry_run_out = dry_run_out or sys.stdout
         self.sink = None if dry_run else (sink or build_sink(sink_config))
         self.batch_size = sink_config.batch_size or config.delivery.batch_size
+        # Typed reads go to the sink as typed rows only on the Arrow path of a sink that writes them as they
+        # are; everything else loads them as JSON (backfill/typed.py).
+        self.typed_rows = bool(not dry_run and not self.plan.needs_record and sink_config.stream == "changes"
+                               and getattr(self.sink, "takes_typed_rows", False))
         self._stop = threading.Event()
         self._keys: dict[str, tuple[str, ...]] = {}  # row streams: primary key columns per table
         self._resyncs: list[threading.Thread] = []  # backfills re-syncing a row stream (backlog.py)
@@ -214,19 +220,21 @@ class Deliverer(Staging, Parking):
 
     def _load_and_stage(self, conn: psycopg.Connection, offset: Position) -> Staged:
         batch = self.store.load_batch(conn, self.sink_config.tables, offset, self.batch_size,
-                                      sink=self.sink_config.name, max_bytes=self.config.delivery.batch_bytes)
+                                      sink=self.sink_config.name, max_bytes=self.config.delivery.batch_bytes,
+                                      typed=self.typed_rows)
         schemas = self._schemas(conn) if batch.num_rows else {}
+        shapes = shapes_of(conn, self.config.state.schema_name, batch) if self.typed_rows else {}
         conn.commit()
         if batch.num_rows == 0:
             return Staged(batch, offset, empty_output(), [])
         last: Position = (batch.column("commit_lsn")[-1].as_py(), batch.column("commit_idx")[-1].as_py())
         out, stage_failed = self._stage(batch, schemas)
-        return Staged(batch, last, out, stage_failed)
+        return Staged(batch, last, out, stage_failed, shapes)
 
     def _send(self, conn: psycopg.Connection, staged: Staged, stats: DeliveryStats) -> Position:
         batch, last, out, stage_failed = staged.batch, staged.last, staged.out, staged.failed
         last_ts = batch.column("commit_ts")[-1].as_py()
-        messages = messages_from(out)
+        messages = messages_from(out, staged.shapes)
         stats.batches += 1
         stats.read += batch.num_rows
         filtered = batch.num_rows - len(messages) - len(stage_failed)

@@ -40,6 +40,8 @@ def split_held(messages: Sequence[OutboundMessage], parked_groups: Collection[st
     for pos, g in failures:
         if g is not None and (g not in first or pos < first[g]):
             first[g] = pos
+    if not parked_groups and not first:  # the usual batch: no per-message test
+        return list(messages), []
     send: list[OutboundMessage] = []
     held: list[OutboundMessage] = []
     for m in messages:

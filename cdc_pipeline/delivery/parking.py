@@ -7,7 +7,7 @@ due groups are retried in log order, RETRY_CHUNK messages at a time.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import psycopg
 import pyarrow as pa
@@ -18,18 +18,36 @@ from cdc_pipeline.delivery.ordering import HELD, position_of, split_held
 from cdc_pipeline.delivery.outage import Liveness
 from cdc_pipeline.delivery.staging import NotIsolated, StageFailure
 from cdc_pipeline.delivery.stats import DeliveryStats
-from cdc_pipeline.sinks.base import OutboundMessage, Sink
+from cdc_pipeline.sinks.base import OutboundMessage, Sink, TypedRow
 from cdc_pipeline.state.store import Position, Store
+from cdc_pipeline.state.typed_rows import Columns
 
 # Parked messages due for a retry are staged this many at a time: a transform failing on several of
 # them then costs a bounded bisection, not one over everything due.
 RETRY_CHUNK = 256
 
 
-def messages_from(out: pa.Table) -> list[OutboundMessage]:
+def messages_from(out: pa.Table, shapes: Mapping[str, Columns] | None = None) -> list[OutboundMessage]:
+    """The stage's output as messages; typed reads (a ``tup`` column, with their backfills' ``shapes``)
+    carry their typed row."""
     cols = [out.column(c).to_pylist() for c in ("commit_lsn", "commit_idx", "group_key", "route", "payload")]
-    return [OutboundMessage(f"{lsn}:{idx}", group, route, payload.encode())
-            for lsn, idx, group, route, payload in zip(*cols, strict=True)]
+    if "tup" not in out.column_names or out.column("tup").null_count == out.num_rows:
+        return [OutboundMessage(f"{lsn}:{idx}", group, route, payload.encode())
+                for lsn, idx, group, route, payload in zip(*cols, strict=True)]
+    # A typed read without its shape fails here (KeyError), never goes out as a record null.
+    shaped: dict[tuple[str, str, str], tuple[str, str, Columns]] = {}
+    messages: list[OutboundMessage] = []
+    for lsn, idx, group, route, payload, tup, schema, table, bid in zip(
+            *cols, *(out.column(c).to_pylist() for c in ("tup", "table_schema", "table_name", "backfill_id")),
+            strict=True):
+        m = OutboundMessage(f"{lsn}:{idx}", group, route, payload.encode())
+        if tup is not None:
+            where = shaped.get((schema, table, bid))
+            if where is None:
+                where = shaped[(schema, table, bid)] = (schema, table, (shapes or {})[bid])
+            m.typed = TypedRow(*where, tup)
+        messages.append(m)
+    return messages
 
 
 class Parking:

@@ -33,7 +33,7 @@ import concurrent.futures
 import contextlib
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol, TypeVar
+from typing import Any, ClassVar, NamedTuple, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 from anyio.from_thread import BlockingPortal, start_blocking_portal
@@ -42,12 +42,23 @@ T = TypeVar("T")
 
 
 
+class TypedRow(NamedTuple):
+    """A backfill read carried typed (backfill/typed.py): the row as PostgreSQL composite text, whose
+    fields are ``columns`` (name, type as SQL) in order. Only sinks that declare ``takes_typed_rows`` get one."""
+
+    table_schema: str
+    table_name: str
+    columns: tuple[tuple[str, str], ...]
+    text: str
+
+
 @dataclass(slots=True)
 class OutboundMessage:
     key: str  # idempotency key, stable across redeliveries
     group: str | None  # ordering group (None = ungrouped)
     route: str | None  # per-message destination override; None = the destination's default
-    payload: bytes  # compact UTF-8 JSON: {"record", "changes", "action", "metadata"}
+    payload: bytes  # compact UTF-8 JSON: {"record", "changes", "action", "metadata"}; record null if typed
+    typed: TypedRow | None = None  # a typed read: the record travels here instead
 
 
 class Unreachable(str):

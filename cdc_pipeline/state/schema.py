@@ -184,6 +184,29 @@ MIGRATIONS: list[str] = [
     ALTER TABLE {s}.backfills ADD COLUMN mac_key text NOT NULL
         DEFAULT replace(gen_random_uuid()::text || gen_random_uuid()::text, '-', '');
     """,
+    # 7: typed reads (state/typed_rows.py). A page bound for a Postgres mirror is staged as the row's
+    # composite text (`tup`) instead of `to_jsonb` (`record` NULL); the backfill names the composite type
+    # (in this schema) that parses it. JSON for other consumers is made from it when they load it.
+    """
+    ALTER TABLE {s}.backfill_rows ALTER COLUMN record DROP NOT NULL, ADD COLUMN IF NOT EXISTS tup text;
+    ALTER TABLE {s}.change_log ADD COLUMN IF NOT EXISTS tup text;
+    ALTER TABLE {s}.backfills ADD COLUMN IF NOT EXISTS typed_type text,
+        ADD COLUMN IF NOT EXISTS typed_columns jsonb;
+    CREATE OR REPLACE FUNCTION {s}.typed_record(backfill text, tup text) RETURNS jsonb
+    LANGUAGE plpgsql STABLE STRICT AS $$
+    DECLARE
+        type_name text;
+        result jsonb;
+    BEGIN
+        SELECT b.typed_type INTO type_name FROM {s}.backfills b WHERE b.id = backfill;
+        IF type_name IS NULL THEN
+            RAISE EXCEPTION 'typed read of backfill % has no row type', backfill;
+        END IF;
+        EXECUTE format('SELECT to_jsonb($1::%s)', type_name) INTO result USING tup;
+        RETURN result;
+    END
+    $$;
+    """,
 ]
 
 

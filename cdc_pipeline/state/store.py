@@ -14,6 +14,7 @@ from psycopg import sql
 
 from cdc_pipeline.config.errors import redact
 from cdc_pipeline.postgres.catalog import ColumnInfo, TableInfo
+from cdc_pipeline.state import typed_rows
 
 Position = tuple[int, int]
 
@@ -23,13 +24,19 @@ LOG_ARROW_SCHEMA = pa.schema([
     ("pk", pa.string()), ("record", pa.string()), ("changes", pa.string()),
     ("commit_ts", pa.timestamp("us", tz="UTC")), ("backfill_id", pa.string()),
 ])
-# commit_ts travels as microseconds since the epoch: a plain integer for the CSV reader.
-_SELECT = ("SELECT commit_lsn, commit_idx, xid, table_schema, table_name, action, pk, record::text, "
-           "changes::text, (extract(epoch FROM commit_ts) * 1000000)::bigint, backfill_id FROM {}.change_log ")
-_CSV_TYPES = {f.name: (pa.int64() if f.name == "commit_ts" else f.type) for f in LOG_ARROW_SCHEMA}
+# With the typed row of a read (state/typed_rows.py) for sinks that take it as it is.
+LOG_ARROW_SCHEMA_TYPED = LOG_ARROW_SCHEMA.append(pa.field("tup", pa.string()))
+# commit_ts travels as microseconds since the epoch: a plain integer for the CSV reader. A typed read's
+# record is made from its typed row here, for every consumer that did not ask for typed rows.
+_COLUMNS = ("SELECT commit_lsn, commit_idx, xid, table_schema, table_name, action, pk, {record}, "
+            "changes::text, (extract(epoch FROM commit_ts) * 1000000)::bigint, backfill_id{tup} FROM {{0}}.change_log ")
+_SELECT = _COLUMNS.format(
+    record="CASE WHEN tup IS NULL THEN record::text ELSE {0}.typed_record(backfill_id, tup)::text END", tup="")
+_SELECT_TYPED = _COLUMNS.format(record="record::text", tup=", tup")
 
 
-def _copy_arrow(conn: psycopg.Connection, query: sql.Composable, params: Sequence[object]) -> pa.Table:
+def _copy_arrow(conn: psycopg.Connection, query: sql.Composable, params: Sequence[object],
+                schema: pa.Schema = LOG_ARROW_SCHEMA) -> pa.Table:
     """Run a log SELECT as COPY ... CSV and parse it with Arrow's C++ reader: several times faster
     than building Python tuples, and the batch is wanted as Arrow anyway."""
     buf = io.BytesIO()
@@ -38,15 +45,16 @@ def _copy_arrow(conn: psycopg.Connection, query: sql.Composable, params: Sequenc
         for chunk in copy:
             buf.write(chunk)
     if buf.tell() == 0:
-        return LOG_ARROW_SCHEMA.empty_table()
+        return schema.empty_table()
     buf.seek(0)
     table = pacsv.read_csv(
         buf,
-        read_options=pacsv.ReadOptions(column_names=LOG_ARROW_SCHEMA.names, block_size=1 << 24),
+        read_options=pacsv.ReadOptions(column_names=schema.names, block_size=1 << 24),
         parse_options=pacsv.ParseOptions(newlines_in_values=True),
         # PostgreSQL's CSV: an unquoted empty field is NULL, a quoted one ("") the empty string.
-        convert_options=pacsv.ConvertOptions(column_types=_CSV_TYPES, null_values=[""], strings_can_be_null=True,
-                                             quoted_strings_can_be_null=False),
+        convert_options=pacsv.ConvertOptions(
+            column_types={f.name: (pa.int64() if f.name == "commit_ts" else f.type) for f in schema},
+            null_values=[""], strings_can_be_null=True, quoted_strings_can_be_null=False),
     )
     ts = table.column("commit_ts").cast(pa.timestamp("us", tz="UTC"))
     return table.set_column(table.schema.get_field_index("commit_ts"), "commit_ts", ts)
@@ -66,28 +74,32 @@ class Store:
 
     # -- the log ----------------------------------------------------------------------------------
     def load_batch(self, conn: psycopg.Connection, tables: Sequence[str], after: Position, limit: int,
-                   sink: str | None = None, max_bytes: int | None = None) -> pa.Table:
+                   sink: str | None = None, max_bytes: int | None = None, typed: bool = False) -> pa.Table:
         """Up to ``limit`` messages after ``after``; with ``max_bytes``, also stop once the messages so far
-        hold that many bytes of record and changes JSON (always at least one message)."""
+        hold that many bytes of record and changes JSON (always at least one message). ``typed``: typed
+        reads keep their typed row (column ``tup``, record null) instead of being turned into JSON."""
         where = sql.SQL("WHERE (commit_lsn, commit_idx) > (%s, %s) AND table_schema || '.' || table_name = ANY(%s) "
                         "{routing}ORDER BY commit_lsn, commit_idx LIMIT %s").format(routing=self._routing(sink))
         params: tuple[object, ...] = (after[0], after[1], list(tables), *_sink(sink), limit)
+        # Typed reads are loaded as they are; for JSON they are turned into records here (typed_rows.py).
+        select = _SELECT_TYPED
         if max_bytes is None:
-            query: sql.Composable = sql.SQL(_SELECT).format(self.s) + where
+            query: sql.Composable = sql.SQL(select).format(self.s) + where
         else:
             # The running total of sizes decides (a truncate has no record: size 0, never NULL, or the
             # comparison would drop it), then the text.
-            query = sql.SQL(_SELECT.replace("{}.change_log", "(")).format() + sql.SQL(
-                "SELECT l.*, sum(coalesce(octet_length(l.record::text), 0) + coalesce(octet_length(l.changes::text), 0)) "
-                "OVER (ORDER BY l.commit_lsn, l.commit_idx ROWS UNBOUNDED PRECEDING) AS _total, "
-                "coalesce(octet_length(l.record::text), 0) + coalesce(octet_length(l.changes::text), 0) AS _bytes "
-                "FROM (SELECT * FROM {}.change_log ").format(self.s) + where + sql.SQL(
+            size = ("coalesce(octet_length(l.record::text), octet_length(l.tup), 0) "
+                    "+ coalesce(octet_length(l.changes::text), 0)")
+            query = sql.SQL(select.replace("{0}.change_log", "(")).format(self.s) + sql.SQL(
+                f"SELECT l.*, sum({size}) OVER (ORDER BY l.commit_lsn, l.commit_idx ROWS UNBOUNDED PRECEDING) "
+                f"AS _total, {size} AS _bytes FROM (SELECT * FROM {{}}.change_log ").format(self.s) + where + sql.SQL(
                 ") l) b WHERE b._total - b._bytes < %s ORDER BY commit_lsn, commit_idx")
             params = (*params, max_bytes)
         # The log's primary key already gives this order: without the hint the planner underestimates
         # how many rows match the table filter and sorts every row after the offset to keep `limit`.
         conn.execute("SET LOCAL enable_sort = off")
-        return _copy_arrow(conn, query, params)
+        batch = _copy_arrow(conn, query, params, LOG_ARROW_SCHEMA_TYPED)
+        return batch if typed else typed_rows.with_records(conn, self.schema, batch)
 
     def load_positions(self, conn: psycopg.Connection, positions: Sequence[Position]) -> pa.Table:
         query = sql.SQL(_SELECT + "WHERE (commit_lsn, commit_idx) IN (SELECT * FROM unnest(%s::bigint[], %s::int[])) "

@@ -24,6 +24,7 @@ from cdc_pipeline.postgres.catalog import ColumnInfo, TableInfo, describe_table
 from cdc_pipeline.postgres.compose import execute
 from cdc_pipeline.postgres.keyset import parse_qualified
 from cdc_pipeline.sinks.base import NOT_SENT, OutboundMessage, Sink, SinkUnavailable
+from cdc_pipeline.sinks.postgres import typed
 from cdc_pipeline.sinks.routes import route_problem
 
 OFFSETS_SCHEMA = "cdc_pipeline_sink"
@@ -37,6 +38,7 @@ class PostgresSink(Sink):
         self.name = sink_config.name  # type: ignore[attr-defined]
         self.dest = sink_config.destination  # type: ignore[attr-defined]
         self.mode: str = self.dest.mode
+        self.takes_typed_rows = self.mode == "mirror"  # backfill reads as typed rows (sinks/postgres/typed.py)
         self.conn: psycopg.Connection | None = None
         self._describe: Callable[[str], TableInfo | None] = lambda table: None
         self._shapes: dict[str, tuple[str, ...]] = {}  # target table -> columns it was synced to
@@ -58,6 +60,7 @@ class PostgresSink(Sink):
             "CREATE TEMP TABLE IF NOT EXISTS _cdc_stage (seq integer, lsn bigint, idx integer, grp text, "
             "route text, msg jsonb) ON COMMIT DELETE ROWS"
         )
+        self.conn.execute(typed.STAGE_DDL)
         self.conn.commit()
 
     def prepare(self, describe: Callable[[str], TableInfo | None]) -> None:
@@ -141,20 +144,25 @@ class PostgresSink(Sink):
     def _apply_in_tx(self, batch: Sequence[OutboundMessage]) -> None:
         assert self.conn is not None
         conn = self.conn
-        conn.execute("TRUNCATE _cdc_stage")
+        conn.execute("TRUNCATE _cdc_stage, _cdc_typed")
         # The mirror sorts a batch's effects by key with their records: in memory, not in temp files.
         conn.execute(f"SET LOCAL work_mem = '{STAGE_WORK_MEM}'")
         last = (0, -1)
+        rows = [(seq, m.typed) for seq, m in enumerate(batch) if m.typed is not None]
+        if rows and self.mode != "mirror":
+            raise ValueError(f"postgres sink {self.name!r}: typed rows reach only a mirror")
         with conn.cursor().copy("COPY _cdc_stage (seq, lsn, idx, grp, route, msg) FROM STDIN") as copy:
             for seq, m in enumerate(batch):
                 lsn, _, idx = m.key.partition(":")
                 pos = (int(lsn), int(idx))
                 last = max(last, pos)
-                copy.write_row((seq, pos[0], pos[1], m.group, m.route, m.payload.decode()))
+                if m.typed is None:
+                    copy.write_row((seq, pos[0], pos[1], m.group, m.route, m.payload.decode()))
+        shapes = typed.stage(conn, rows) if rows else []
         if self.mode == "append":
             self._append()
         else:
-            self._mirror(len(batch))
+            self._mirror(len(batch), shapes)
         # The engine parks a message at the ceiling only in its own later commit: a crash before it must
         # resume at that message (replaying sent ones after it is harmless; skipping it is not).
         if self._ceiling is not None:
@@ -223,12 +231,14 @@ class PostgresSink(Sink):
         self._pending[key] = columns
         return target, info
 
-    def _mirror(self, n: int) -> None:
+    def _mirror(self, n: int, shapes: list[typed.Columns]) -> None:
         assert self.conn is not None
         conn = self.conn
         tables = [f"{r[0]}.{r[1]}" for r in conn.execute(
             "SELECT DISTINCT msg->'metadata'->>'table_schema', msg->'metadata'->>'table_name' FROM _cdc_stage"
         ).fetchall()]
+        if shapes:
+            tables = list(dict.fromkeys([*tables, *typed.tables(conn)]))
         for table in tables:
             schema, _, name = table.partition(".")
             target, info = self._sync_table(table)
@@ -237,7 +247,13 @@ class PostgresSink(Sink):
                 "AND msg->'metadata'->>'table_name' = %s ORDER BY seq", (schema, name)).fetchall()]
             start = 0
             for cut in [*truncates, n]:
-                self._mirror_segment(target, info, schema, name, start, cut)
+                if not shapes:
+                    self._mirror_segment(target, info, schema, name, start, cut)
+                for lo, hi, shape in typed.runs(conn, schema, name, start, cut) if shapes else []:
+                    if shape == typed.JSON_RUN:
+                        self._mirror_segment(target, info, schema, name, lo, hi + 1)
+                    else:
+                        typed.apply_run(conn, target, info, schema, name, shapes[shape], shape, lo, hi)
                 if cut < n:
                     conn.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(*target)))
                 start = cut + 1

@@ -1,0 +1,64 @@
+"""When a backfill reads typed rows, and their shape.
+
+A page is read as the row's composite text (``ROW(...)::text``) instead of ``to_jsonb`` when one of the
+backfill's sinks writes typed rows as they are (a Postgres mirror that needs no Spark work: no filter,
+transform, route or grouping columns, change stream) and every column's type reads back identically
+in the destination: built-in types, which the mirror creates as they are, and enums (and arrays of them),
+which it creates as text. Anything else (domains, composites, ranges of user types, user-defined base
+types), `json` (its NUL escapes are rewritten for the JSON path) and `money` (locale-dependent text) keeps
+the JSON path for the whole table. Other sinks of the backfill get JSON made from the typed row when they
+load it (state/typed_rows.py), identical to what ``to_jsonb`` gave.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import psycopg
+
+from cdc_pipeline.config import PipelineConfig, SinkConfig
+from cdc_pipeline.state.typed_rows import Columns
+
+FIRST_USER_OID = 16384
+_JSON_PATH_ONLY = {114, 199, 790, 791}  # json, json[], money, money[]
+
+# Each non-generated column: name, type as SQL, and whether the type (or an array's element type) is an
+# enum, a built-in type, or something else.
+_COLUMN_KINDS = """
+SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.atttypid,
+       coalesce(e.typtype, t.typtype), coalesce(e.oid, t.oid), t.typelem <> 0 AND t.typlen = -1
+FROM pg_attribute a
+JOIN pg_type t ON t.oid = a.atttypid
+LEFT JOIN pg_type e ON e.oid = t.typelem AND t.typlen = -1 AND t.typelem <> 0
+WHERE a.attrelid = to_regclass(format('%%I.%%I', %s::text, %s::text)) AND a.attnum > 0 AND NOT a.attisdropped
+  AND a.attgenerated = ''
+ORDER BY a.attnum
+"""
+
+
+def takes_typed(config: PipelineConfig, sink: SinkConfig) -> bool:
+    """A sink whose delivery writes typed reads as they are (delivery/engine.py decides the same at run time)."""
+    dest = sink.destination
+    if getattr(dest, "type", None) != "postgres" or getattr(dest, "mode", None) != "mirror":
+        return False
+    grouped = sink.message_grouping and any(t.group_columns for t in config.tables if t.qualified in sink.tables)
+    return sink.stream == "changes" and not (sink.filter or sink.transform or sink.route or grouped)
+
+
+def wanted(config: PipelineConfig, sinks: Sequence[str]) -> bool:
+    return any(takes_typed(config, config.sink(name)) for name in sinks)
+
+
+def typed_columns(conn: psycopg.Connection, schema: str, table: str) -> Columns | None:
+    """The table's typed shape (name, type in the destination), or None when a column keeps the JSON path."""
+    out: list[tuple[str, str]] = []
+    for name, type_sql, oid, kind, base_oid, is_array in conn.execute(_COLUMN_KINDS, (schema, table)).fetchall():
+        if int(oid) in _JSON_PATH_ONLY:
+            return None
+        if kind == "e":
+            out.append((str(name), "text[]" if is_array else "text"))
+        elif int(base_oid) < FIRST_USER_OID and kind == "b":
+            out.append((str(name), str(type_sql)))
+        else:
+            return None
+    return tuple(out) if out else None

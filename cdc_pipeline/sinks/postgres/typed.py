@@ -1,0 +1,106 @@
+"""The mirror's typed reads: backfill rows that arrive as composite text (sinks/base.py TypedRow), applied
+without JSON.
+
+They are COPYed into their own stage table beside the JSON messages' (same ``seq`` numbering), parsed by
+PostgreSQL's composite input into a temp table type of their shape, and applied with one MERGE per run:
+a table's messages of a batch segment are cut into maximal runs of typed reads of one shape and of
+other messages, applied in ``seq`` order, so per-key order holds across the two paths. A read is a row's
+full state, so within a run the last read of each key is the one applied. Columns the row does not hold
+(added to the table after it was read) keep their value, as for an unchanged TOAST value.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Sequence
+
+import psycopg
+from psycopg import sql
+
+from cdc_pipeline.postgres.catalog import TableInfo
+from cdc_pipeline.postgres.compose import execute
+from cdc_pipeline.sinks.base import TypedRow
+
+Columns = tuple[tuple[str, str], ...]
+_TYPE_SQL = re.compile(r'[a-z][a-z0-9_ ]*(\([0-9, ]+\))?[a-z ]*(\[\])*|"char"(\[\])*')
+JSON_RUN = -1  # the shape number of a run of messages that are not typed reads
+
+STAGE_DDL = ("CREATE TEMP TABLE IF NOT EXISTS _cdc_typed (seq integer, sch text, tbl text, shape integer, tup text) "
+             "ON COMMIT DELETE ROWS")
+
+
+def stage(conn: psycopg.Connection, rows: Sequence[tuple[int, TypedRow]]) -> list[Columns]:
+    """COPY the typed reads of a batch into ``_cdc_typed``; their shapes, by shape number."""
+    shapes: dict[Columns, int] = {}
+    seen: dict[int, int] = {}  # by id: a backfill's rows share one columns tuple, not worth hashing per row
+    with conn.cursor().copy("COPY _cdc_typed (seq, sch, tbl, shape, tup) FROM STDIN") as copy:
+        for seq, row in rows:
+            number = seen.get(id(row.columns))
+            if number is None:
+                number = seen[id(row.columns)] = shapes.setdefault(row.columns, len(shapes))
+            copy.write_row((seq, row.table_schema, row.table_name, number, row.text))
+    return list(shapes)
+
+
+def tables(conn: psycopg.Connection) -> list[str]:
+    return [f"{r[0]}.{r[1]}" for r in conn.execute("SELECT DISTINCT sch, tbl FROM _cdc_typed").fetchall()]
+
+
+def runs(conn: psycopg.Connection, schema: str, name: str, lo: int, hi: int) -> list[tuple[int, int, int]]:
+    """(first seq, last seq, shape number or JSON_RUN) of each run of one table's messages in [lo, hi)."""
+    rows = conn.execute(
+        "SELECT min(seq), max(seq), shape FROM ("
+        "  SELECT seq, shape, row_number() OVER (ORDER BY seq) - row_number() OVER (PARTITION BY shape ORDER BY seq)"
+        "    AS run FROM ("
+        "    SELECT seq, -1 AS shape FROM _cdc_stage WHERE msg->'metadata'->>'table_schema' = %(schema)s"
+        "      AND msg->'metadata'->>'table_name' = %(name)s AND seq >= %(lo)s AND seq < %(hi)s"
+        "    UNION ALL"
+        "    SELECT seq, shape FROM _cdc_typed WHERE sch = %(schema)s AND tbl = %(name)s"
+        "      AND seq >= %(lo)s AND seq < %(hi)s) u) r "
+        "GROUP BY shape, run ORDER BY 1", {"schema": schema, "name": name, "lo": lo, "hi": hi}).fetchall()
+    return [(int(a), int(b), int(c)) for a, b, c in rows]
+
+
+def _row_type(conn: psycopg.Connection, columns: Columns) -> sql.Composable:
+    """A temp table whose row type parses composite text of ``columns`` (names and types from the source
+    catalog: identifiers quoted, type names from format_type)."""
+    for _, type_sql in columns:  # built-in type names only (backfill/typed.py); never anything to execute
+        if not _TYPE_SQL.fullmatch(type_sql):
+            raise ValueError(f"typed row: unexpected column type {type_sql[:80]!r}")
+    name = "_cdc_row_" + hashlib.sha256(json.dumps(columns).encode()).hexdigest()[:20]
+    ident = sql.Identifier("pg_temp", name)
+    conn.execute(sql.SQL("CREATE TEMP TABLE IF NOT EXISTS {} ({})").format(
+        sql.Identifier(name),
+        sql.SQL(", ").join(sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL(t)) for c, t in columns)))
+    return ident
+
+
+def apply_run(conn: psycopg.Connection, target: tuple[str, str], info: TableInfo, schema: str, name: str,
+              columns: Columns, shape: int, lo: int, hi: int) -> None:
+    """Upsert the last typed read of each key among one table's reads of one shape with seq in [lo, hi]."""
+    pk = info.primary_key
+    have = {c.name for c in info.columns}
+    names = [c for c, _ in columns if c in have]
+    if not set(pk) <= set(names):
+        raise ValueError(f"typed reads of {schema}.{name} do not hold its key {list(pk)}")
+    row_type = _row_type(conn, columns)
+    key = sql.SQL(", ").join(sql.SQL("(q.v).{}").format(sql.Identifier(k)) for k in pk)
+    on = sql.SQL(" AND ").join(sql.SQL("t.{k} = s.{k}").format(k=sql.Identifier(k)) for k in pk)
+    rest = [c for c in names if c not in pk]
+    update = sql.SQL("WHEN MATCHED THEN UPDATE SET {} ").format(sql.SQL(", ").join(
+        sql.SQL("{c} = s.{c}").format(c=sql.Identifier(c)) for c in rest)) if rest else sql.SQL("")
+    # OFFSET 0 keeps the cast in the subquery: one parse per row, not one per column of (q.v).*.
+    execute(conn, sql.SQL(
+        "MERGE INTO {t} t USING ("
+        "  SELECT DISTINCT ON ({key}) (q.v).* FROM ("
+        "    SELECT s.seq, s.tup::{row_type} AS v FROM _cdc_typed s"
+        "    WHERE s.sch = %s AND s.tbl = %s AND s.shape = %s AND s.seq >= %s AND s.seq <= %s OFFSET 0) q"
+        "  ORDER BY {key}, q.seq DESC) s ON {on} "
+        "{update}"
+        "WHEN NOT MATCHED THEN INSERT ({cols}) VALUES ({values})"
+    ).format(t=sql.Identifier(*target), key=key, row_type=row_type, on=on, update=update,
+             cols=sql.SQL(", ").join(map(sql.Identifier, names)),
+             values=sql.SQL(", ").join(sql.SQL("s.{}").format(sql.Identifier(c)) for c in names)),
+        (schema, name, shape, lo, hi))

@@ -1,0 +1,188 @@
+"""Typed reads (backfill/typed.py): a backfill bound for a Postgres mirror stages each row as composite
+text instead of `to_jsonb`, the mirror applies it without JSON, and every other consumer gets JSON made
+from it that is identical to what the JSON path logs. Every core type, NULLs, a toasted value that a
+later update leaves unchanged, both staging paths (state in the source database or elsewhere), and
+typed reads interleaved with changes in one delivery batch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+
+from cdc_pipeline.setup import setup
+from cdc_pipeline_tests.helpers import assert_mirrored, deliver, drain
+from cdc_pipeline_tests.integration.test_backfill import backfill, backfill_config
+
+# The core types of test_core_mirror, without `json` (it keeps the JSON path: its NUL escapes are
+# rewritten there), plus an enum array and a value large enough to be toasted.
+DDL = """
+CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy');
+CREATE TABLE public.typed (
+  id bigint PRIMARY KEY, i2 smallint, i4 integer, n numeric(20,6), nbig numeric, f4 real, f8 double precision,
+  b boolean, t text, vc varchar(20), u uuid, d date, ts timestamp, tstz timestamptz, jb jsonb,
+  by bytea, ai integer[], at text[], m mood, ms mood[], iv interval, tm time, c char(3), big text
+);
+"""
+ROWS = """
+INSERT INTO public.typed VALUES
+ (1, 1, -2, 12345678901234.123456, 123456789012345678901234567890.123456789, 1.5, -2.25e100, true, 'hé "q" \\ x',
+  'v', 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', '2025-01-02', '2025-01-02 03:04:05.678', '2025-01-02 03:04:05+05:30',
+  '{"z": 1, "a": {"k": "v"}, "s": "line\\nbreak", "n": 1.50}', '\\x00ff10', '{1,NULL,3}', '{"a b","c,d",NULL,"(x)"}',
+  'happy', '{sad,happy}', '1 day 02:00:00', '10:11:12', 'ab', repeat('toast', 5000)),
+ (2, NULL, NULL, NULL, 'NaN', 'NaN', 'Infinity', false, '', NULL, NULL, 'infinity', '-infinity', NULL, '[]',
+  '\\x', '{}', '{}', NULL, '{}', NULL, NULL, NULL, NULL),
+ (3, -32768, 2147483647, -0.000001, '-0.000000000000000000001', 0.1, 1e-300, NULL, E'tab\\there\\nnl \\\\ "()",',
+  '(,)', NULL, '0001-01-01 BC', '2000-02-29 23:59:59.999999', '1999-12-31 23:59:59.999999+00', '{"k": null}',
+  '\\x5c0a0922', '{-1}', '{"q\\"uote","",NULL}', 'ok', '{NULL,ok}', '-1 mons +2 days -00:00:01.5', '23:59:59.999999',
+  '', md5('x'))
+"""
+
+
+def _config(source: Any, dest: Any, write_config: Any, state: Any | None = None, slot: str = "cdc_test") -> Any:
+    data = backfill_config(source.dsn, dest.dsn, ["public.typed"], {"initial_page_size": 2, "max_page_size": 2})
+    data["source"]["slot"] = slot
+    data["sinks"] += [
+        # The JSON path into a mirror: a filter needs the record (Spark).
+        {"name": "spark_mirror", "tables": ["public.typed"], "filter": "true",
+         "destination": {"type": "postgres", "dsn": dest.dsn, "table": "spark.{table}", "mode": "mirror"}},
+        {"name": "appended", "tables": ["public.typed"],
+         "destination": {"type": "postgres", "dsn": dest.dsn, "table": "appended.typed", "mode": "append"}},
+    ]
+    if state is not None:
+        data["state"] = {"dsn": state.dsn}
+    config = write_config(data)
+    setup(config)
+    return config
+
+
+def _reads(config: Any, backfill_id: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(config.state_dsn) as conn:
+        return [tuple(r) for r in conn.execute(
+            "SELECT pk, record IS NULL, tup IS NOT NULL, cdc_pipeline.typed_record(backfill_id, tup)::text "
+            "FROM cdc_pipeline.change_log WHERE backfill_id = %s ORDER BY commit_lsn, commit_idx",
+            (backfill_id,)).fetchall()]
+
+
+def _appended_records(dest: Any, backfill_id: str) -> dict[str, str]:
+    with psycopg.connect(dest.dsn) as conn:
+        return {str(r[0]): r[1] for r in conn.execute(
+            "SELECT message->'record'->>'id', (message->'record')::text FROM appended.typed "
+            "WHERE message->'metadata'->>'backfill_id' = %s", (backfill_id,)).fetchall()}
+
+
+@pytest.mark.parametrize("path", ["same-database", "separate-state"])
+def test_every_type_identical_through_typed_and_json_paths(path, db_factory, write_config, spark):
+    source, dest = db_factory(), db_factory()
+    source.execute(DDL)
+    source.execute(ROWS)
+    config = _config(source, dest, write_config, db_factory() if path == "separate-state" else None,
+                     slot="cdc_typed_" + path.replace("-", "_"))
+    # 1. Typed: the mirror takes typed rows, so pages are staged as composite text, not JSON.
+    typed = backfill(config, "public.typed")
+    assert (typed.status, typed.rows_read, typed.rows_dropped) == ("completed", 3, 0)
+    reads = _reads(config, typed.backfill_id)
+    assert [r[:3] for r in reads] == [("[1]", True, True), ("[2]", True, True), ("[3]", True, True)]
+    # 2. JSON: the same rows for the append sink alone (no sink takes typed rows): to_jsonb as before.
+    plain = backfill(config, "public.typed", sinks=("appended",))
+    assert (plain.status, plain.rows_read) == ("completed", 3)
+    assert [r[1:3] for r in _reads(config, plain.backfill_id)] == [(False, False)] * 3
+    # An unchanged toasted value: an update after the reads that leaves `big` alone (not in its record).
+    source.execute("UPDATE public.typed SET i4 = 7 WHERE id = 1")
+    drain(config)
+    for sink in ("mirror", "spark_mirror", "appended"):
+        stats = deliver(config, spark, sink=sink)
+        assert (stats.parked, stats.delivered) == (0, 7 if sink == "appended" else 4), (sink, stats)
+    assert assert_mirrored(source.dsn, "public.typed", dest.dsn, "mirror.typed") == 3
+    assert assert_mirrored(source.dsn, "public.typed", dest.dsn, "spark.typed") == 3
+    # The JSON made from a typed read is byte for byte the JSON path's record (as jsonb text), and is what
+    # the JSON sinks received.
+    from_typed, from_json = _appended_records(dest, typed.backfill_id), _appended_records(dest, plain.backfill_id)
+    assert len(from_json) == 3
+    assert from_typed == from_json
+    assert [r[3] for r in reads] == [from_json[k] for k in ("1", "2", "3")]
+
+
+def test_typed_reads_and_changes_in_one_batch_keep_per_key_order(db_factory, write_config, spark):
+    """Reads, then changes to the same keys, then another backfill's reads: one delivery batch, applied in
+    log order across the typed and the JSON path."""
+    source, dest = db_factory(), db_factory()
+    source.execute(DDL)
+    source.execute(ROWS)
+    config = _config(source, dest, write_config, slot="cdc_typed_order")
+    first = backfill(config, "public.typed", sinks=("mirror",))
+    source.execute("UPDATE public.typed SET t = 'after first', big = 'small' WHERE id = 1;"
+                   "DELETE FROM public.typed WHERE id = 2;"
+                   "INSERT INTO public.typed (id, t) VALUES (4, 'new');"
+                   "UPDATE public.typed SET id = 30 WHERE id = 3")
+    drain(config)
+    second = backfill(config, "public.typed", sinks=("mirror",))
+    source.execute("UPDATE public.typed SET i2 = 9 WHERE id = 4; DELETE FROM public.typed WHERE id = 30")
+    drain(config)
+    assert (first.rows_read, second.rows_read) == (3, 3)
+    stats = deliver(config, spark, sink="mirror")
+    assert stats.parked == 0 and stats.batches == 1
+    assert assert_mirrored(source.dsn, "public.typed", dest.dsn, "mirror.typed") == 2
+
+
+def test_a_table_with_a_json_column_keeps_the_json_path(source_db, db_factory, write_config, spark):
+    dest = db_factory()
+    source_db.execute("CREATE TABLE public.withjson (id int PRIMARY KEY, j json, m text);"
+                      "INSERT INTO public.withjson VALUES (1, '{\"a\": \"\\u0000\"}', 'x')")
+    config = write_config(backfill_config(source_db.dsn, dest.dsn, ["public.withjson"]))
+    setup(config)
+    result = backfill(config, "public.withjson")
+    assert _reads(config, result.backfill_id)[0][1:3] == (False, False)
+    deliver(config, spark)
+    with psycopg.connect(dest.dsn) as conn:
+        assert conn.execute("SELECT j::text FROM mirror.withjson").fetchone() == ('{"a": "\\\\u0000"}',)
+
+
+def test_two_typed_partitions_side_by_side_under_writers(source_db, db_factory, write_config, spark):
+    """Two windows of one table at once, four writers racing them: the pages are typed (the mirror takes
+    typed rows, the append sink gets JSON made from them), the mirror ends equal to the source, and no
+    row's version ever goes backwards in the append sink's arrival order."""
+    import threading
+
+    from cdc_pipeline.backfill.engine import Backfiller, BackfillRequest
+    from cdc_pipeline_tests.integration.test_backfill import drain_running
+    from cdc_pipeline_tests.integration.test_backfill_concurrency import (
+        ROWS,
+        Writers,
+        check_final_state,
+        make_table,
+        two_sinks,
+    )
+
+    dest = db_factory()
+    make_table(source_db)
+    config = write_config(two_sinks(source_db, dest, max_page_size=10000))
+    setup(config)
+    results: list[Any] = []
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(2)
+
+    def run(start: str, end: str) -> None:
+        try:
+            barrier.wait(30)
+            results.append(Backfiller(config, BackfillRequest("public.acct", sort_column="id", start=start,
+                                                              end=end)).run())
+        except BaseException as exc:
+            errors.append(exc)
+
+    with drain_running(config), Writers(source_db.dsn, config.state_dsn, seed=11):
+        threads = [threading.Thread(target=run, args=w) for w in [("1", str(ROWS // 2)), (str(ROWS // 2), "1000000000")]]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(600)
+    assert not errors, errors
+    assert sorted(r.status for r in results) == ["completed", "completed"]
+    with psycopg.connect(config.state_dsn) as conn:
+        kinds = conn.execute("SELECT count(*) FILTER (WHERE tup IS NOT NULL AND record IS NULL), count(*) "
+                             "FROM cdc_pipeline.change_log WHERE action = 'read'").fetchone()
+    assert kinds is not None and kinds[0] == kinds[1] == sum(r.rows_emitted for r in results)
+    figures = check_final_state(config, source_db, dest, spark)
+    assert figures["reads"] == kinds[1]
