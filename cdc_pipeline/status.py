@@ -76,7 +76,7 @@ def _backfills(config: PipelineConfig, conn: psycopg.Connection,
     """Active backfills with progress and checkpoints, and those that finished in the last day. An active
     backfill whose staged pages wait while no process consumes the slot says so, with the fix."""
     from cdc_pipeline.backfill.progress import describe_backfill, no_drain_warning
-    from cdc_pipeline.backfill.state import ACTIVE, BackfillStore
+    from cdc_pipeline.state.backfills import ACTIVE, BackfillStore
 
     if not stats.has_backfills(conn, config.state.schema_name):
         return [], []

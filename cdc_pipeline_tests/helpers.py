@@ -11,12 +11,12 @@ import psycopg
 
 from cdc_pipeline.backfill.reader import PageReader, emit
 from cdc_pipeline.backfill.request import BackfillRequest, resolve, table_shape
-from cdc_pipeline.backfill.state import BackfillStore
 from cdc_pipeline.backfill.watermark import Watermark
 from cdc_pipeline.capture.drain import Drain, DrainStats
 from cdc_pipeline.config import PipelineConfig
 from cdc_pipeline.delivery.engine import Deliverer, DeliveryStats
 from cdc_pipeline.postgres import session
+from cdc_pipeline.state.backfills import BackfillStore
 
 
 def mirror_config(source_dsn: str, dest_dsn: str, tables: list[str | dict[str, Any]],

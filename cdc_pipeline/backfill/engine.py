@@ -31,11 +31,11 @@ from cdc_pipeline.backfill.page_size import PageSizeOptimizer
 from cdc_pipeline.backfill.progress import Progress
 from cdc_pipeline.backfill.reader import PageReader, emit, page_sql
 from cdc_pipeline.backfill.request import BackfillRequest, TableShape, resolve, table_shape
-from cdc_pipeline.backfill.state import BackfillConflict, BackfillStore
 from cdc_pipeline.backfill.typed import typed_columns, wanted
 from cdc_pipeline.backfill.watermark import Watermark, page_token
 from cdc_pipeline.config import PipelineConfig
 from cdc_pipeline.postgres import session
+from cdc_pipeline.state.backfills import BackfillConflict, BackfillStore
 from cdc_pipeline.state.typed_rows import ensure_row_type, record_shape
 
 __all__ = ["Backfiller", "BackfillRequest", "Progress", "TableShape", "page_sql", "resolve"]

@@ -9,10 +9,10 @@ import time
 import psycopg
 
 from cdc_pipeline.backfill.progress import no_drain_warning
-from cdc_pipeline.backfill.state import BackfillSpec, BackfillStore
 from cdc_pipeline.config import PipelineConfig
 from cdc_pipeline.postgres import catalog
 from cdc_pipeline.state.backfill_pages import PageStore
+from cdc_pipeline.state.backfills import BackfillSpec, BackfillStore
 from cdc_pipeline.state.store import Store
 
 log = logging.getLogger(__name__)

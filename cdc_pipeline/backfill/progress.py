@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from cdc_pipeline.backfill.state import BackfillInfo, BackfillSpec
+from cdc_pipeline.state.backfills import BackfillInfo, BackfillSpec
 
 DRAIN_SENSOR = "cdc_drain_sensor"
 

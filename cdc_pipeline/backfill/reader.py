@@ -20,13 +20,13 @@ from psycopg import sql
 
 from cdc_pipeline.backfill.copybinary import tuple_fields
 from cdc_pipeline.backfill.request import TableShape
-from cdc_pipeline.backfill.state import BackfillSpec
 from cdc_pipeline.backfill.typed import typed_columns
 from cdc_pipeline.backfill.watermark import WATERMARK_PREFIX, Watermark, page_token
 from cdc_pipeline.postgres import catalog
 from cdc_pipeline.postgres.compose import escape_percent
 from cdc_pipeline.postgres.keyset import count_query, page_query
 from cdc_pipeline.state.backfill_pages import PageStore
+from cdc_pipeline.state.backfills import BackfillSpec
 from cdc_pipeline.state.relations import upsert_relation
 from cdc_pipeline.state.typed_rows import Columns
 

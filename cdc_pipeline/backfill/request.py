@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import psycopg
 
-from cdc_pipeline.backfill.state import BackfillError, BackfillSpec
 from cdc_pipeline.config import PipelineConfig
 from cdc_pipeline.postgres import catalog
+from cdc_pipeline.state.backfills import BackfillError, BackfillSpec
 
 
 @dataclass(frozen=True)

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import psycopg
-from psycopg import sql
 
 from cdc_pipeline.config import PipelineConfig
 from cdc_pipeline.postgres import session
 from cdc_pipeline.postgres.replication import int_to_lsn
+from cdc_pipeline.state import slot_progress
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ def record(config: PipelineConfig, source: psycopg.Connection, gap: Gap) -> list
     """Register the gap's backfills, truncate markers and the new progress in one state transaction.
     Returns the tables that get a backfill (a table no sink receives has nothing to backfill into)."""
     from cdc_pipeline.backfill.request import BackfillRequest, resolve, table_shape
-    from cdc_pipeline.backfill.state import BackfillStore
+    from cdc_pipeline.state.backfills import BackfillStore
 
     store = BackfillStore(config.state.schema_name)
     now = datetime.now(UTC)
@@ -76,14 +76,10 @@ def record(config: PipelineConfig, source: psycopg.Connection, gap: Gap) -> list
                 shape = table_shape(source, spec)
                 bid, _ = store.claim(state, spec, shape.primary_key, shape.keyset, gap.origin, None)
                 # Just before the slot's position, after everything the log holds (see the module doc).
-                state.execute(sql.SQL(
-                    "INSERT INTO {}.change_log (commit_lsn, commit_idx, table_schema, table_name, action, "
-                    "commit_ts, backfill_id) VALUES (%s, %s, %s, %s, 'truncate', %s, %s)").format(store.s),
-                    (gap.confirmed - 1, i, spec.schema_name, spec.table_name, now, bid))
+                slot_progress.skip_gap(state, store.schema, spec.schema_name, spec.table_name,
+                                       (gap.confirmed - 1, i), now, bid)
                 queued.append(table)
-            state.execute(sql.SQL(
-                "UPDATE {}.slot_progress SET committed_lsn = %s, updated_at = now() WHERE slot = %s"
-            ).format(store.s), (gap.confirmed, config.source.slot))
+            slot_progress.accept(state, store.schema, config.source.slot, gap.confirmed)
     # Closing the connection released the runner locks claim() took: the threads take them over.
     return queued
 
@@ -99,15 +95,11 @@ class GapBackfills:
 
     def pending(self, state: psycopg.Connection) -> list[tuple[str, str]]:
         """(id, schema.table) of active gap backfills no process is running."""
-        from cdc_pipeline.backfill.state import lock_held_sql
+        from cdc_pipeline.state.backfills import BackfillStore
 
-        alive = lock_held_sql(sql.SQL("'cdc_pipeline.backfill:' || id"))
-        rows = state.execute(sql.SQL(
-            "SELECT id, table_schema || '.' || table_name FROM {}.backfills WHERE status IN ('running', 'paused') "
-            "AND origin LIKE %s AND NOT {} ORDER BY created_at").format(
-                sql.Identifier(self.config.state.schema_name), alive), (f"{ORIGIN} %",)).fetchall()
+        orphans = BackfillStore(self.config.state.schema_name).orphans(state, f"{ORIGIN} %")
         state.commit()
-        return [(str(r[0]), str(r[1])) for r in rows]
+        return orphans
 
     def start(self, state: psycopg.Connection) -> None:
         from cdc_pipeline.backfill.engine import Backfiller, BackfillRequest

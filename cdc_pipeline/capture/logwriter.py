@@ -7,22 +7,21 @@ together with the slot progress row, so the log and its recorded position never 
 from __future__ import annotations
 
 import psycopg
-from psycopg import sql
 
 from cdc_pipeline.capture.changes import LOG_COLUMNS, LogRow
+from cdc_pipeline.state import slot_progress
 
 
 class LogWriter:
     def __init__(self, schema: str, slot: str, chunk_rows: int, chunk_bytes: int) -> None:
-        self.s = sql.Identifier(schema)
+        self.schema = schema
         self.slot = slot
         self.chunk_rows = chunk_rows
         self.chunk_bytes = chunk_bytes
         self.rows: list[LogRow] = []
         self.bytes = 0
         self.copies = 0
-        self._copy_sql = sql.SQL("COPY {}.change_log ({}) FROM STDIN").format(
-            self.s, sql.SQL(", ").join(map(sql.Identifier, LOG_COLUMNS)))
+        self._copy_sql = slot_progress.copy_into_log(schema, LOG_COLUMNS)
 
     def add(self, row: LogRow, state: psycopg.Connection) -> None:
         """Buffer a row; write the buffer once it holds ``chunk_rows`` rows or ``chunk_bytes`` bytes, so a
@@ -51,16 +50,10 @@ class LogWriter:
         state.commit()
 
     def save_progress(self, state: psycopg.Connection, end_lsn: int, ts: object) -> None:
-        state.execute(sql.SQL(
-            "INSERT INTO {}.slot_progress AS p (slot, committed_lsn, last_commit_ts, last_heartbeat_at, "
-            "updated_at) VALUES (%s, %s, %s, now(), now()) ON CONFLICT (slot) DO UPDATE SET "
-            "committed_lsn = excluded.committed_lsn, last_commit_ts = coalesce(excluded.last_commit_ts, "
-            "p.last_commit_ts), last_heartbeat_at = now(), updated_at = now()").format(self.s),
-            (self.slot, end_lsn, ts))
+        slot_progress.save(state, self.schema, self.slot, end_lsn, ts)
 
     def load_progress(self, state: psycopg.Connection) -> int | None:
         """The recorded progress, or None when this slot never committed anything to this log."""
-        row = state.execute(sql.SQL("SELECT committed_lsn FROM {}.slot_progress WHERE slot = %s").format(self.s),
-                            (self.slot,)).fetchone()
+        recorded = slot_progress.load(state, self.schema, self.slot)
         state.commit()
-        return int(row[0]) if row else None
+        return recorded

@@ -20,7 +20,7 @@ from cdc_pipeline.postgres import session
 
 if TYPE_CHECKING:  # the engine pulls in psycopg and pyarrow: only when the verb runs
     from cdc_pipeline.backfill.engine import Backfiller, Progress
-    from cdc_pipeline.backfill.state import BackfillInfo
+    from cdc_pipeline.state.backfills import BackfillInfo
 
 MANAGE = ("list", "pause", "resume", "cancel")
 
@@ -69,7 +69,7 @@ def backfill(ctx: click.Context, target: str, backfill_id: str | None, sinks: tu
     Exits 0 when completed, 130 when interrupted (resume continues from the checkpoint), 1 on failure,
     2 on a config error."""
     from cdc_pipeline.backfill.engine import Backfiller, BackfillRequest
-    from cdc_pipeline.backfill.state import BackfillError
+    from cdc_pipeline.state.backfills import BackfillError
 
     config = load(ctx)
     out = Output(as_json, quiet, drain, max_query_ms)
@@ -91,7 +91,7 @@ def _manage(config: PipelineConfig, action: str, backfill_id: str | None, every:
 
     from cdc_pipeline.backfill.engine import Backfiller, BackfillRequest
     from cdc_pipeline.backfill.progress import describe_backfill
-    from cdc_pipeline.backfill.state import BackfillError, BackfillStore
+    from cdc_pipeline.state.backfills import BackfillError, BackfillStore
 
     store = BackfillStore(config.state.schema_name)
     with session.connect(config.state_dsn, autocommit=True) as conn:
@@ -132,7 +132,7 @@ def _manage(config: PipelineConfig, action: str, backfill_id: str | None, every:
 
 
 def _identity(info: BackfillInfo) -> str:
-    from cdc_pipeline.backfill.state import BackfillSpec
+    from cdc_pipeline.state.backfills import BackfillSpec
 
     return BackfillSpec(info.table, tuple(sorted(info.sinks)), info.sort_column, info.start, info.end).identity
 

@@ -47,12 +47,12 @@ from dagster import (
 )
 
 from cdc_pipeline.backfill.engine import Backfiller, BackfillRequest, Progress
-from cdc_pipeline.backfill.state import BackfillInfo, BackfillStore
 from cdc_pipeline.config import ConfigError, PipelineConfig, TableConfig, redact
 from cdc_pipeline.config.errors import without_secrets
 from cdc_pipeline.defs.resources import CdcConfigResource
 from cdc_pipeline.defs.translator import CdcTranslator
 from cdc_pipeline.postgres import session
+from cdc_pipeline.state.backfills import BackfillInfo, BackfillStore
 
 KIND_TAG = "cdc_pipeline/kind"  # dagster.yaml limits runs tagged backfill to 2 at a time
 BACKFILL_TAGS = {KIND_TAG: "backfill"}

@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any
 
 from dagster import AssetCheckEvaluation, AssetCheckSeverity, AssetCheckSpec, AssetKey
-from psycopg import sql
 
 from cdc_pipeline.config import PipelineConfig, SinkConfig
 from cdc_pipeline.delivery.backlog import problem as backlog_problem
@@ -71,11 +70,10 @@ def sink_figures(pipeline: PipelineConfig, sink: SinkConfig) -> dict[str, Any]:
         offset = store.sink_offset(conn, sink.name)
         age = store.oldest_age(conn, sink.tables, offset, sink=sink.name)
         backlog = store.backlog(conn, sink.tables, offset, sink.name, BACKLOG_LIMIT) if age is not None else 0
-        delivered = conn.execute(sql.SQL("SELECT delivered FROM {}.sink_offsets WHERE sink = %s").format(
-            sql.Identifier(pipeline.state.schema_name)), (sink.name,)).fetchone()
+        delivered = store.delivered_total(conn, sink.name)
         parked = store.failed_summary(conn, sink.name)
     return {"offset": f"{offset[0]}:{offset[1]}", "lag_messages": backlog,
-            "lag_seconds": round(age or 0.0, 3), "delivered_total": int(delivered[0]) if delivered else 0,
+            "lag_seconds": round(age or 0.0, 3), "delivered_total": delivered,
             **parked, "backlog_error": backlog_problem(pipeline, sink, age)}
 
 

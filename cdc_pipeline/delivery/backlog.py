@@ -69,7 +69,7 @@ def resync_tables(config: PipelineConfig, sink: SinkConfig, conn: psycopg.Connec
     backfill is still active (a previous delivery run stopped before it finished)."""
     if started:
         return list(sink.tables)
-    from cdc_pipeline.backfill.state import BackfillStore
+    from cdc_pipeline.state.backfills import BackfillStore
 
     active = BackfillStore(config.state.schema_name).list(conn, active_only=True)
     conn.commit()

@@ -1,5 +1,5 @@
 """State SQL of a running backfill's pages: staging records, read-side counters, flow-control figures and
-cleanup of rows the drain has reconciled (the backfills themselves: backfill/state.py)."""
+cleanup of rows the drain has reconciled (the backfills themselves: state/backfills.py)."""
 
 from __future__ import annotations
 

@@ -181,6 +181,11 @@ class Store:
         assert row is not None
         return int(row[0]), int(row[1])
 
+    def delivered_total(self, conn: psycopg.Connection, sink: str) -> int:
+        row = conn.execute(sql.SQL("SELECT delivered FROM {}.sink_offsets WHERE sink = %s").format(self.s),
+                           (sink,)).fetchone()
+        return int(row[0]) if row else 0
+
     def advance_offset(self, conn: psycopg.Connection, sink: str, position: Position, delivered: int,
                        filtered: int, parked: int, last_commit_ts: datetime | None) -> None:
         conn.execute(sql.SQL(

@@ -18,7 +18,6 @@ import pytest
 
 from cdc_pipeline import status
 from cdc_pipeline.backfill.engine import Backfiller, BackfillRequest, Progress
-from cdc_pipeline.backfill.state import BackfillConflict, BackfillStore
 from cdc_pipeline.backfill.watermark import WATERMARK_PREFIX, Snapshot, Watermark
 from cdc_pipeline.capture.drain import Drain
 from cdc_pipeline.capture.reconcile import Reconciler
@@ -27,6 +26,7 @@ from cdc_pipeline.config import PipelineConfig
 from cdc_pipeline.delivery.engine import Deliverer
 from cdc_pipeline.postgres.pgoutput import LogicalMessage
 from cdc_pipeline.setup import setup
+from cdc_pipeline.state.backfills import BackfillConflict, BackfillStore
 from cdc_pipeline.state.schema import ensure_schema
 from cdc_pipeline_tests.helpers import assert_mirrored, deliver, drain, mirror_config, rows
 

@@ -165,7 +165,7 @@ def test_relation_inside_a_skipped_transaction(acct: Database, write_config: Cal
 
 def test_backfill_sees_the_running_drain(acct: Database, write_config: Callable[..., PipelineConfig]) -> None:
     """The drain's 64-bit lock is what backfills look for to tell whether a drain is running."""
-    from cdc_pipeline.backfill.state import BackfillStore
+    from cdc_pipeline.state.backfills import BackfillStore
 
     config = _config(acct, write_config)
     store = BackfillStore(config.state.schema_name)

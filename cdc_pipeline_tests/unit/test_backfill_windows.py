@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cdc_pipeline.backfill.windows import disjoint
+from cdc_pipeline.state.windows import disjoint
 
 
 @dataclass

@@ -20,9 +20,9 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from cdc_pipeline.backfill.windows import disjoint
 from cdc_pipeline.config.errors import redact
 from cdc_pipeline.postgres import session
+from cdc_pipeline.state.windows import disjoint
 
 ACTIVE = ("running", "paused")
 FINISHED = ("completed", "cancelled")
@@ -315,6 +315,14 @@ class BackfillStore:
                 "snapshot, read_at "
                 "FROM {}.backfill_pages WHERE backfill_id = %s ORDER BY page_no").format(self.s),
                 (backfill_id,)).fetchall()
+
+    def orphans(self, conn: psycopg.Connection, origin_like: str) -> list[tuple[str, str]]:
+        """(id, schema.table) of active backfills whose origin matches and that no process is running."""
+        alive = lock_held_sql(sql.SQL("'cdc_pipeline.backfill:' || id"))
+        rows = conn.execute(sql.SQL(
+            "SELECT id, table_schema || '.' || table_name FROM {}.backfills WHERE status IN ('running', 'paused') "
+            "AND origin LIKE %s AND NOT {} ORDER BY created_at").format(self.s, alive), (origin_like,)).fetchall()
+        return [(str(r[0]), str(r[1])) for r in rows]
 
     def drain_running(self, conn: psycopg.Connection, slot: str) -> bool:
         row = conn.execute(f"SELECT {session.lock_holder_sql()}", (f"cdc_pipeline.drain:{slot}",)).fetchone()
