@@ -237,6 +237,7 @@ def timed_delivery(config_path: Path, rows: int) -> dict[str, float]:
     timed(staging, "run_arrow_stage", "Arrow stage (payload; overlaps the sink)")
     timed(engine, "messages_from", "Arrow -> messages")
     timed(pg_sink.PostgresSink, "_apply", "sink: COPY to stage + MERGE")
+    timed(pg_sink.PostgresSink, "deliver_typed_batch", "sink: typed batch, COPY of its columns + MERGE")
     # Loading and staging run one batch ahead, beside the sink: time batches by when each was sent.
     sent: list[tuple[int, float]] = []
     original_send = engine.Deliverer._send

@@ -3,6 +3,8 @@
 Then a message is the log row's JSON with a metadata object around it: pure string assembly, which
 Arrow's compute kernels do in C++ without shipping the batch to the JVM and back. The output is byte
 for byte what the Spark stage produces (tested against it), so a sink can move between the two paths.
+A typed read (a ``tup`` column, for a sink that takes typed rows) has an empty payload: its record
+travels as its typed row.
 """
 
 from __future__ import annotations
@@ -45,8 +47,15 @@ def run_arrow_stage(plan: SinkPlan, batch: pa.Table) -> pa.Table:
         ',"backfill_id":', _quoted(batch.column("backfill_id")), "}}",
     ]
     n = batch.num_rows
-    payload = pc.binary_join_element_wise(
-        *[pa.array([p] * n, pa.string()) if isinstance(p, str) else p for p in parts], "")
+    typed = pc.is_valid(batch.column("tup")) if "tup" in batch.column_names else None
+    typed_count = batch.num_rows - batch.column("tup").null_count if typed is not None else 0
+    if typed is not None and typed_count == n:  # typed reads only: the sink reads their typed rows
+        payload = pa.repeat("", n)
+    else:
+        payload = pc.binary_join_element_wise(
+            *[pa.array([p] * n, pa.string()) if isinstance(p, str) else p for p in parts], "")
+        if typed is not None and typed_count:
+            payload = pc.if_else(typed, "", payload)
     if sink.message_grouping:
         group = pc.binary_join_element_wise(batch.column("table_schema"), batch.column("table_name"),
                                             batch.column("pk"), "|", null_handling="skip")

@@ -20,6 +20,7 @@ from typing import IO
 
 import psycopg
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import SparkSession
 
 from cdc_pipeline.config import PipelineConfig, SinkConfig
@@ -234,9 +235,11 @@ class Deliverer(Staging, Parking):
     def _send(self, conn: psycopg.Connection, staged: Staged, stats: DeliveryStats) -> Position:
         batch, last, out, stage_failed = staged.batch, staged.last, staged.out, staged.failed
         last_ts = batch.column("commit_ts")[-1].as_py()
-        messages = messages_from(out, staged.shapes)
         stats.batches += 1
         stats.read += batch.num_rows
+        if self._send_typed(conn, staged, stats):
+            return last
+        messages = messages_from(out, staged.shapes)
         filtered = batch.num_rows - len(messages) - len(stage_failed)
         stats.filtered += filtered
         if self.dry_run:
@@ -263,6 +266,35 @@ class Deliverer(Staging, Parking):
         stats.delivered += delivered
         stats.parked += parked
         return last
+
+    def _send_typed(self, conn: psycopg.Connection, staged: Staged, stats: DeliveryStats) -> bool:
+        """A batch of typed reads only, none failed at the stage and none of a parked group, goes to a sink
+        that takes such batches whole (from the stage's columns, no message per row). False: nothing was
+        delivered, send it message by message - also when the destination rejected it: the per-message
+        path then finds the message at fault, parks it and holds its group (ordering.py)."""
+        out, name = staged.out, self.sink_config.name
+        take = getattr(self.sink, "deliver_typed_batch", None)
+        if take is None or not self.typed_rows or staged.failed or out.num_rows == 0 \
+                or "tup" not in out.column_names or out.column("tup").null_count:
+            return False
+        blocked = self.store.parked_groups(conn, name) if self.sink_config.message_grouping else set()
+        if blocked and pc.any(pc.is_in(out.column("group_key"), pa.array([g for g in blocked if g is not None], pa.string()))).as_py():
+            return False
+        assert self.sink is not None
+        self.sink.hold_position_below(None)  # nothing of the batch is parked
+        if take(out, staged.shapes) is not None:
+            return False
+        self._live.saw([None])
+        filtered = staged.batch.num_rows - out.num_rows
+        self.store.advance_offset(conn, name, staged.last, out.num_rows, filtered, 0,
+                                  staged.batch.column("commit_ts")[-1].as_py())
+        if self._waiting:
+            self.store.set_waiting(conn, name, None)
+            self._waiting = False
+        conn.commit()
+        stats.filtered += filtered
+        stats.delivered += out.num_rows
+        return True
 
     def _deliver(self, messages: Sequence[OutboundMessage], kept_back: Position | None = None) -> list[str | None]:
         """Per message: None (delivered), its error, or held behind its group's failure (ordering.py)."""

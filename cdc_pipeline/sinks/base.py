@@ -24,6 +24,9 @@ Contract (what the delivery engine relies on):
   message sent failed that way as an outage of the destination (not counted against any message),
   and counts such an error against a message only once the destination has accepted other messages.
 * Errors never contain secrets: no header values, no passwords or tokens from URLs.
+* Optional: a sink that declares `takes_typed_rows` may also offer `deliver_typed_batch(reads, shapes)`
+  for a batch made only of typed reads, as the stage's Arrow columns (no message per row): all of it
+  applied (None) or none of it (an error; the engine then hands the batch over message by message).
 """
 
 from __future__ import annotations

@@ -186,3 +186,97 @@ def test_two_typed_partitions_side_by_side_under_writers(source_db, db_factory, 
     assert kinds is not None and kinds[0] == kinds[1] == sum(r.rows_emitted for r in results)
     figures = check_final_state(config, source_db, dest, spark)
     assert figures["reads"] == kinds[1]
+
+
+def _spy_typed_batches(monkeypatch: Any) -> tuple[list[str | None], list[int]]:
+    """What the mirror's whole-batch typed path answered, and the sizes of message-by-message calls."""
+    from cdc_pipeline.sinks.postgres.client import PostgresSink
+
+    answers: list[str | None] = []
+    calls: list[int] = []
+    whole, per_message = PostgresSink.deliver_typed_batch, PostgresSink.deliver
+
+    def typed_batch(self: Any, reads: Any, shapes: Any) -> str | None:
+        answers.append(whole(self, reads, shapes))
+        return answers[-1]
+
+    def deliver_messages(self: Any, batch: Any) -> Any:
+        calls.append(len(batch))
+        return per_message(self, batch)
+
+    monkeypatch.setattr(PostgresSink, "deliver_typed_batch", typed_batch)
+    monkeypatch.setattr(PostgresSink, "deliver", deliver_messages)
+    return answers, calls
+
+
+def test_a_batch_of_typed_reads_goes_whole_from_its_columns(db_factory, write_config, spark, monkeypatch):
+    """Every type (tabs, newlines, backslashes and quotes in the composite text) through the whole-batch
+    path: no message per row, the sink's position recorded with it."""
+    source, dest = db_factory(), db_factory()
+    source.execute(DDL)
+    source.execute(ROWS)
+    config = _config(source, dest, write_config, slot="cdc_typed_whole")
+    backfill(config, "public.typed", sinks=("mirror",))
+    backfill(config, "public.typed", sinks=("mirror",))  # a second shape number is not needed: same shape
+    answers, calls = _spy_typed_batches(monkeypatch)
+    stats = deliver(config, spark, sink="mirror")
+    assert (answers, calls) == ([None], [])
+    assert (stats.delivered, stats.parked) == (6, 0)
+    assert assert_mirrored(source.dsn, "public.typed", dest.dsn, "mirror.typed") == 3
+    with psycopg.connect(config.state_dsn) as conn, psycopg.connect(dest.dsn) as dconn:
+        last = conn.execute("SELECT commit_lsn, commit_idx FROM cdc_pipeline.change_log "
+                            "ORDER BY commit_lsn DESC, commit_idx DESC LIMIT 1").fetchone()
+        mine = dconn.execute("SELECT commit_lsn, commit_idx FROM cdc_pipeline_sink.offsets "
+                             "WHERE sink = 'mirror'").fetchone()
+    assert last is not None and mine == last
+
+
+def test_a_rejection_in_a_typed_batch_parks_the_failing_read_and_holds_its_group(
+        source_db, db_factory, write_config, spark, monkeypatch):
+    """Three backfills' reads of five keys in one batch of typed reads only (the updates between them are
+    not for this sink): the mirror rejects the last read of key 3. The batch falls back to message by
+    message: exactly that read is parked, every other read is applied in order (key 3 keeps its second
+    read). A later batch of typed reads with a read of key 3 goes message by message too: that read is held
+    behind the parked one. Once the fault is gone the retries apply key 3's reads in order."""
+    from cdc_pipeline.cli import main
+
+    dest = db_factory()
+    source_db.execute("CREATE TABLE acct (id int PRIMARY KEY, balance int, note text);"
+                      "INSERT INTO acct SELECT g, 0, E'a\\tb\\\\c\\n\"(x)\"' FROM generate_series(1, 5) g")
+    data = backfill_config(source_db.dsn, dest.dsn, ["public.acct"], actions=["insert", "delete"],
+                           backoff={"initial_ms": 600_000, "max_ms": 600_000, "jitter": 0})  # retried on demand
+    config = write_config(data)
+    setup(config)
+    dest.execute("CREATE SCHEMA mirror; CREATE TABLE mirror.acct (id int PRIMARY KEY, balance int, note text, "
+                 "CONSTRAINT poison CHECK (id <> 3 OR balance <> 2))")
+    for balance in (1, 2, None):
+        backfill(config, "public.acct")
+        if balance is not None:
+            source_db.execute("UPDATE acct SET balance = %s", (balance,))
+    drain(config)
+    answers, calls = _spy_typed_batches(monkeypatch)
+    stats = deliver(config, spark)
+    assert len(answers) == 1 and answers[0] is not None and "poison" in answers[0]
+    assert calls == [15, 2]  # the whole batch again, then (after key 3's last read failed) the rest
+    assert (stats.delivered, stats.parked, stats.filtered) == (14, 1, 10)
+    assert dict(dest.execute("SELECT id, balance FROM mirror.acct")) == {1: 2, 2: 2, 3: 1, 4: 2, 5: 2}
+    source_db.execute("UPDATE acct SET balance = 4")
+    backfill(config, "public.acct")
+    drain(config)
+    stats = deliver(config, spark)
+    assert len(answers) == 1 and calls[2:] == [4]  # key 3's read never reached the sink
+    assert (stats.delivered, stats.parked) == (4, 1)
+    assert dict(dest.execute("SELECT id, balance FROM mirror.acct")) == {1: 4, 2: 4, 3: 1, 4: 4, 5: 4}
+    with psycopg.connect(config.state_dsn) as conn:
+        parked = conn.execute(
+            "SELECT l.pk, f.attempts > 0, l.backfill_id FROM cdc_pipeline.failed_messages f "
+            "JOIN cdc_pipeline.change_log l USING (commit_lsn, commit_idx) ORDER BY commit_lsn, commit_idx").fetchall()
+        order = [r[0] for r in conn.execute("SELECT id FROM cdc_pipeline.backfills ORDER BY created_at").fetchall()]
+    assert [(pk, failed) for pk, failed, _ in parked] == [("[3]", True), ("[3]", False)]
+    assert [bid for _, _, bid in parked] == order[2:]
+    dest.execute("ALTER TABLE mirror.acct DROP CONSTRAINT poison")
+    assert main(["--config", str(config.path), "failed", "retry", "--all"]) == 0
+    stats = deliver(config, spark)
+    assert stats.retried == 2
+    assert assert_mirrored(source_db.dsn, "public.acct", dest.dsn, "mirror.acct") == 5
+    assert dict(dest.execute("SELECT id, balance FROM mirror.acct"))[3] == 4

@@ -14,9 +14,10 @@ TRUNCATE splits the batch: messages before it, the truncate, messages after it.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import psycopg
+import pyarrow as pa
 from psycopg import sql
 
 from cdc_pipeline.postgres import session
@@ -106,6 +107,24 @@ class PostgresSink(Sink):
         except _TRANSIENT as exc:
             raise SinkUnavailable(f"postgres sink {self.name!r}: {type(exc).__name__}: {exc}") from exc
 
+    def deliver_typed_batch(self, reads: pa.Table, shapes: Mapping[str, typed.Columns]) -> str | None:
+        """A batch of typed reads only, as the stage's Arrow columns (no message per row), in one transaction
+        with the position of its last read. None: applied; an error: rejected, nothing applied (the engine
+        then delivers it message by message). Raises SinkUnavailable when the destination is unreachable."""
+        assert self.conn is not None and self.mode == "mirror"
+        last = (int(reads.column("commit_lsn")[-1].as_py()), int(reads.column("commit_idx")[-1].as_py()))
+        try:
+            with self._tracked():
+                self._mirror(reads.num_rows, typed.stage_columns(self._begin(), reads, shapes))
+                self._record(last)
+        except _TRANSIENT as exc:
+            raise SinkUnavailable(f"postgres sink {self.name!r}: {type(exc).__name__}: {exc}") from exc
+        except psycopg.Error as exc:
+            self.conn.rollback()
+            self._shapes.clear()  # tables created in the rolled-back transaction are gone
+            return f"{type(exc).__name__}: {str(exc).strip()[:500]}"
+        return None
+
     def _up_to_first_failure(self, batch: Sequence[OutboundMessage]) -> list[str | None]:
         """Apply one message per transaction until the destination rejects one."""
         results: list[str | None] = []
@@ -142,11 +161,7 @@ class PostgresSink(Sink):
         self._shapes.update(pending)  # reached only when the transaction committed
 
     def _apply_in_tx(self, batch: Sequence[OutboundMessage]) -> None:
-        assert self.conn is not None
-        conn = self.conn
-        conn.execute("TRUNCATE _cdc_stage, _cdc_typed")
-        # The mirror sorts a batch's effects by key with their records: in memory, not in temp files.
-        conn.execute(f"SET LOCAL work_mem = '{STAGE_WORK_MEM}'")
+        conn = self._begin()
         last = (0, -1)
         rows = [(seq, m.typed) for seq, m in enumerate(batch) if m.typed is not None]
         if rows and self.mode != "mirror":
@@ -163,11 +178,23 @@ class PostgresSink(Sink):
             self._append()
         else:
             self._mirror(len(batch), shapes)
+        self._record(last)
+
+    def _begin(self) -> psycopg.Connection:
+        assert self.conn is not None
+        self.conn.execute("TRUNCATE _cdc_stage, _cdc_typed")
+        # The mirror sorts a batch's effects by key with their records: in memory, not in temp files.
+        self.conn.execute(f"SET LOCAL work_mem = '{STAGE_WORK_MEM}'")
+        return self.conn
+
+    def _record(self, last: tuple[int, int]) -> None:
+        """The sink's position, in the batch's transaction."""
+        assert self.conn is not None
         # The engine parks a message at the ceiling only in its own later commit: a crash before it must
         # resume at that message (replaying sent ones after it is harmless; skipping it is not).
         if self._ceiling is not None:
             last = min(last, (self._ceiling[0], self._ceiling[1] - 1))
-        conn.execute(sql.SQL(
+        self.conn.execute(sql.SQL(
             "INSERT INTO {}.offsets AS o (sink, commit_lsn, commit_idx) VALUES (%s, %s, %s) "
             "ON CONFLICT (sink) DO UPDATE SET commit_lsn = excluded.commit_lsn, commit_idx = excluded.commit_idx, "
             "updated_at = now() WHERE (o.commit_lsn, o.commit_idx) < (excluded.commit_lsn, excluded.commit_idx)"
