@@ -3,23 +3,15 @@ cleanup of rows the drain has reconciled (the backfills themselves: state/backfi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
 
 import psycopg
 from psycopg import sql
 
-Position = tuple[int, int]
+from cdc_pipeline.state.base import Position, SchemaStore
 
 
-@dataclass(frozen=True)
-class PageStore:
-    schema: str
-
-    @property
-    def s(self) -> sql.Identifier:
-        return sql.Identifier(self.schema)
-
+class PageStore(SchemaStore):
     def rows_table(self) -> sql.Composed:
         """The staged-rows table and its columns, as COPY and INSERT ... SELECT name them."""
         return sql.SQL("{}.backfill_rows (backfill_id, page_no, seq, pk, record, tup, cursor)").format(self.s)

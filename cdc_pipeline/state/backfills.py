@@ -22,6 +22,7 @@ from psycopg.rows import dict_row
 
 from cdc_pipeline.config.errors import redact
 from cdc_pipeline.postgres import session
+from cdc_pipeline.state.base import SchemaStore
 from cdc_pipeline.state.windows import disjoint
 
 ACTIVE = ("running", "paused")
@@ -146,14 +147,7 @@ def lock_held_sql(key: sql.Composable) -> sql.Composed:
     return sql.SQL(_ALIVE).format(key=key)
 
 
-@dataclass(frozen=True)
-class BackfillStore:
-    schema: str
-
-    @property
-    def s(self) -> sql.Identifier:
-        return sql.Identifier(self.schema)
-
+class BackfillStore(SchemaStore):
     # -- creation ---------------------------------------------------------------------------------
     def claim(self, conn: psycopg.Connection, spec: BackfillSpec, primary_key: Sequence[str],
               keyset: Sequence[str], origin: str, estimated_rows: int | None,

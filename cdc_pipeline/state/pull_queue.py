@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import sql
 
+from cdc_pipeline.state.base import SchemaStore
+
 NOTIFY_CHANNEL = "cdc_pipeline_pull"
 MAX_BIGINT = 2**63 - 1
 MAX_INT = 2**31 - 1
@@ -42,14 +44,7 @@ class Received:
     payload: str
 
 
-@dataclass(frozen=True)
-class PullQueue:
-    schema: str
-
-    @property
-    def s(self) -> sql.Identifier:
-        return sql.Identifier(self.schema)
-
+class PullQueue(SchemaStore):
     # -- the delivery side (sync, the engine's transaction) ---------------------------------------
     def enqueue(self, conn: psycopg.Connection, consumer: str,
                 rows: Sequence[tuple[int, int, str | None, str]]) -> None:

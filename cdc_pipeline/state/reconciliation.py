@@ -11,8 +11,7 @@ import psycopg
 from psycopg import sql
 
 from cdc_pipeline.postgres.compose import execute
-
-Position = tuple[int, int]
+from cdc_pipeline.state.base import Position, SchemaStore
 
 
 @dataclass(frozen=True)
@@ -33,14 +32,7 @@ class StagedPage:
     low: Position | None  # the page's low watermark, when the drain saw it
 
 
-@dataclass(frozen=True)
-class ReconcileStore:
-    schema: str
-
-    @property
-    def s(self) -> sql.Identifier:
-        return sql.Identifier(self.schema)
-
+class ReconcileStore(SchemaStore):
     def low_watermark(self, conn: psycopg.Connection, backfill_id: str, page: int, at: Position) -> None:
         """Remember a page's low watermark position (the first one wins if a page is re-read)."""
         execute(conn, sql.SQL(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
 
 import psycopg
@@ -15,8 +14,7 @@ from psycopg import sql
 from cdc_pipeline.config.errors import redact
 from cdc_pipeline.postgres.catalog import ColumnInfo, TableInfo
 from cdc_pipeline.state import typed_rows
-
-Position = tuple[int, int]
+from cdc_pipeline.state.base import Position, SchemaStore
 
 LOG_ARROW_SCHEMA = pa.schema([
     ("commit_lsn", pa.int64()), ("commit_idx", pa.int32()), ("xid", pa.int64()),
@@ -64,14 +62,7 @@ def _sink(sink: str | None) -> tuple[str, ...]:
     return () if sink is None else (sink,)
 
 
-@dataclass(frozen=True)
-class Store:
-    schema: str
-
-    @property
-    def s(self) -> sql.Identifier:
-        return sql.Identifier(self.schema)
-
+class Store(SchemaStore):
     # -- the log ----------------------------------------------------------------------------------
     def load_batch(self, conn: psycopg.Connection, tables: Sequence[str], after: Position, limit: int,
                    sink: str | None = None, max_bytes: int | None = None, typed: bool = False) -> pa.Table:

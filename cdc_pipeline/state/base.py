@@ -1,0 +1,21 @@
+"""What every store of the state schema shares: the schema's name, and positions in the change log."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from psycopg import sql
+
+# A place in the change log: (commit_lsn, commit_idx).
+Position = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class SchemaStore:
+    """SQL about the tables of one state schema; `s` is the schema as an identifier for composed SQL."""
+
+    schema: str
+
+    @property
+    def s(self) -> sql.Identifier:
+        return sql.Identifier(self.schema)
