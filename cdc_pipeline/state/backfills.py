@@ -256,15 +256,14 @@ class BackfillStore(SchemaStore):
     # -- reading ----------------------------------------------------------------------------------
     def mac_key(self, conn: psycopg.Connection, backfill_id: str) -> str:
         """The key that signs this backfill's watermarks (never shown: not in BackfillInfo or metadata)."""
-        row = conn.execute(sql.SQL("SELECT mac_key FROM {}.backfills WHERE id = %s").format(self.s),
-                           (backfill_id,)).fetchone()
-        if row is None:
-            raise BackfillError(f"backfill {backfill_id} vanished from the state database")
-        return str(row[0])
+        return self._field(conn, backfill_id, "mac_key")
 
     def status(self, conn: psycopg.Connection, backfill_id: str) -> str:
-        row = conn.execute(sql.SQL("SELECT status FROM {}.backfills WHERE id = %s").format(self.s),
-                           (backfill_id,)).fetchone()
+        return self._field(conn, backfill_id, "status")
+
+    def _field(self, conn: psycopg.Connection, backfill_id: str, column: str) -> str:
+        row = conn.execute(sql.SQL("SELECT {} FROM {}.backfills WHERE id = %s").format(
+            sql.Identifier(column), self.s), (backfill_id,)).fetchone()
         if row is None:
             raise BackfillError(f"backfill {backfill_id} vanished from the state database")
         return str(row[0])
