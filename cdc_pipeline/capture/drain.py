@@ -57,9 +57,9 @@ START_LOCK_GRACE_SECONDS = 5.0
 
 # A hook for logical messages with a given prefix (backfill watermarks): called with the message, its
 # position (commit_lsn, commit_idx) and the state connection inside the drain's open transaction, after
-# every change before it was written. Returns how many log rows it inserted at that position (they take
-# commit_idx values idx, idx+1, ...), so the drain's numbering continues after them.
-MessageHook = Callable[[pgoutput.LogicalMessage, int, int, psycopg.Connection], int]
+# every change before it was written. Returns (positions taken, rows logged): its rows take commit_idx values
+# from idx on (some may stay empty), and the drain's numbering continues after the positions taken.
+MessageHook = Callable[[pgoutput.LogicalMessage, int, int, psycopg.Connection], tuple[int, int]]
 
 
 @dataclass
@@ -315,10 +315,10 @@ class Drain:
                             probe = None
                     elif prefix in self.hooks:
                         writer.flush(state)  # hooks see the log up to this point
-                        used = self.hooks[prefix](msg, lsn, idx, state)
+                        taken, logged = self.hooks[prefix](msg, lsn, idx, state)
                         hooked = True
-                        idx += used
-                        stats.changes += used
+                        idx += taken
+                        stats.changes += logged
             if not in_txn and pending_end and (
                 pending_changes >= cfg.batch_rows or time.monotonic() - pending_since >= cfg.batch_ms / 1000
                 or idle or self._stop.is_set()

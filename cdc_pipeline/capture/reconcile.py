@@ -50,26 +50,26 @@ class Reconciler:
         self._shapes: dict[str, PageShape] = {}
         self.pages_reconciled = 0
 
-    def __call__(self, message: LogicalMessage, commit_lsn: int, commit_idx: int, conn: psycopg.Connection) -> int:
+    def __call__(self, message: LogicalMessage, commit_lsn: int, commit_idx: int, conn: psycopg.Connection) -> tuple[int, int]:
         mark = watermark.decode(message.content)
         if mark is None:
             log.warning("ignoring a malformed backfill watermark: %r", bytes(message.content)[:200])
-            return 0
+            return 0, 0
         if not message.transactional:
             # Ours are always transactional; a non-transactional one has no place in the log's order.
             log.warning("ignoring a non-transactional backfill watermark (backfill %s page %s)",
                         mark.backfill_id, mark.page)
-            return 0
+            return 0, 0
         key = self.store.mac_key(conn, mark.backfill_id)
         if key is None or not watermark.verify(message.content, mark, key):
             # Any role that can log in to the source may emit a message with our prefix: only one signed
             # with the backfill's key (kept in the state database) is acted on.
             log.warning("ignoring an unauthenticated backfill watermark (backfill %r page %s)",
                         mark.backfill_id[:80], mark.page)
-            return 0
+            return 0, 0
         if mark.kind == "low":
             self.store.low_watermark(conn, mark.backfill_id, mark.page, (commit_lsn, commit_idx))
-            return 0
+            return 0, 0
         return self._reconcile(mark, commit_lsn, commit_idx, conn)
 
     def _shape(self, conn: psycopg.Connection, backfill_id: str) -> PageShape | None:
@@ -81,17 +81,18 @@ class Reconciler:
             self._shapes[backfill_id] = shape
         return shape
 
-    def _reconcile(self, mark: watermark.Watermark, lsn: int, idx: int, conn: psycopg.Connection) -> int:
+    def _reconcile(self, mark: watermark.Watermark, lsn: int, idx: int, conn: psycopg.Connection
+                   ) -> tuple[int, int]:
         page = self.store.staged_page(conn, mark.backfill_id, mark.page)
         if page is None:
-            return 0  # already reconciled (a re-sent high watermark), cancelled, or unknown
+            return 0, 0  # already reconciled (a re-sent high watermark), cancelled, or unknown
         if page.status not in ("running", "paused"):
-            return 0
+            return 0, 0
         if mark.token is not None and mark.token != page_token(page.snapshot, page.read_at):
-            return 0  # it sealed an earlier staging of this page that was lost; the page was read again
+            return 0, 0  # it sealed an earlier staging of this page that was lost; the page was read again
         shape = self._shape(conn, mark.backfill_id)
         if shape is None:
-            return 0
+            return 0, 0
         low = page.low
         if low is None:
             # Cannot happen while the drain reads every message in order; if it does, treat the whole
@@ -108,7 +109,7 @@ class Reconciler:
         self.pages_reconciled += 1
         if page.last:
             self._shapes.pop(mark.backfill_id, None)
-        return inserted
+        return page.rows, inserted  # a page's rows take its seq positions, dropped or not
 
 
 def watermark_hooks(config: PipelineConfig) -> dict[str, Reconciler]:

@@ -25,15 +25,13 @@ def _quoted(column: pa.ChunkedArray | pa.Array) -> pa.Array:
     return pc.fill_null(pc.take(literals, encoded.indices), "null")
 
 
-def run_arrow_stage(plan: SinkPlan, batch: pa.Table) -> pa.Table:
-    sink = plan.sink
-    allowed = [*sink.actions, "read", *(["truncate"] if takes_truncate(sink) else [])]
-    batch = batch.filter(pc.is_in(batch.column("action"), pa.array(allowed)))
+def _payloads(sink_name: str, batch: pa.Table) -> pa.Array:
+    """Each row's message JSON (the Spark stage's bytes)."""
     lsn = pc.cast(batch.column("commit_lsn"), pa.string())
     idx = pc.cast(batch.column("commit_idx"), pa.string())
     stamp = pc.strftime(batch.column("commit_ts"), format="%Y-%m-%dT%H:%M:%S")
     key = pc.binary_join_element_wise(lsn, idx, ":")
-    consumer = json.dumps({"id": consumer_id(sink.name), "name": sink.name}, ensure_ascii=False,
+    consumer = json.dumps({"id": consumer_id(sink_name), "name": sink_name}, ensure_ascii=False,
                           separators=(",", ":"))
     parts = [
         '{"record":', pc.fill_null(batch.column("record"), "null"),
@@ -47,13 +45,21 @@ def run_arrow_stage(plan: SinkPlan, batch: pa.Table) -> pa.Table:
         ',"backfill_id":', _quoted(batch.column("backfill_id")), "}}",
     ]
     n = batch.num_rows
+    return pc.binary_join_element_wise(*[pa.array([p] * n, pa.string()) if isinstance(p, str) else p for p in parts],
+                                       "")
+
+
+def run_arrow_stage(plan: SinkPlan, batch: pa.Table) -> pa.Table:
+    sink = plan.sink
+    allowed = [*sink.actions, "read", *(["truncate"] if takes_truncate(sink) else [])]
+    batch = batch.filter(pc.is_in(batch.column("action"), pa.array(allowed)))
+    n = batch.num_rows
     typed = pc.is_valid(batch.column("tup")) if "tup" in batch.column_names else None
     typed_count = batch.num_rows - batch.column("tup").null_count if typed is not None else 0
     if typed is not None and typed_count == n:  # typed reads only: the sink reads their typed rows
         payload = pa.repeat("", n)
     else:
-        payload = pc.binary_join_element_wise(
-            *[pa.array([p] * n, pa.string()) if isinstance(p, str) else p for p in parts], "")
+        payload = _payloads(sink.name, batch)
         if typed is not None and typed_count:
             payload = pc.if_else(typed, "", payload)
     if sink.message_grouping:

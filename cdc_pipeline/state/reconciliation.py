@@ -83,7 +83,8 @@ class ReconcileStore(SchemaStore):
                      read_at: object) -> int:
         """Log the page's staged rows as reads at `high`, minus every row a change between `low` and
         `high`, or of a transaction the snapshot could not see (`exact` xids, `ranges`), touched (or a
-        truncate). Returns how many were logged."""
+        truncate). Row ``seq`` (1, 2, ...) takes commit_idx ``high[1] + seq - 1``: a dropped row leaves its
+        position empty, and no sort is needed. Returns how many were logged."""
         unseen: list[sql.Composable] = []
         params: dict[str, object] = {
             "schema": shape.table_schema, "table": shape.table_name, "low_lsn": low[0], "low_idx": low[1],
@@ -118,7 +119,7 @@ class ReconcileStore(SchemaStore):
             "), ins AS ("
             "  INSERT INTO {s}.change_log (commit_lsn, commit_idx, xid, table_schema, table_name, action, pk, record,"
             "    changes, commit_ts, backfill_id, tup)"
-            "  SELECT %(lsn)s, %(idx)s + row_number() OVER (ORDER BY r.seq) - 1, NULL, %(schema)s, %(table)s, 'read',"
+            "  SELECT %(lsn)s, %(idx)s + r.seq - 1, NULL, %(schema)s, %(table)s, 'read',"
             "    r.pk, r.record, NULL, %(read_at)s, %(id)s, r.tup"
             "  FROM {s}.backfill_rows r"
             "  WHERE r.backfill_id = %(id)s AND r.page_no = %(page)s"

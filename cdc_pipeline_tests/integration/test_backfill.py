@@ -486,21 +486,24 @@ def test_reconciler_drops_what_the_snapshot_missed(db_factory):
         conn.execute(f"INSERT INTO {s}.backfill_low_watermarks VALUES ('bf', 0, %s, %s)", low)
         conn.cursor().executemany(
             f"INSERT INTO {s}.backfill_rows (backfill_id, page_no, seq, pk, record) VALUES ('bf', 0, %s, %s, %s)",
-            [(i, k, json.dumps({"id": i + 1})) for i, k in enumerate(pk)])
+            [(i + 1, k, json.dumps({"id": i + 1})) for i, k in enumerate(pk)])  # seq from 1, as staged
         conn.cursor().executemany(
             f"INSERT INTO {s}.change_log (commit_lsn, commit_idx, xid, table_schema, table_name, action, pk, record, "
             "changes, commit_ts) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, now())", log)
         reconciler = Reconciler(s)
         high_msg = LogicalMessage(True, high[0], WATERMARK_PREFIX, signed(conn, "bf", high_xid))
-        inserted = reconciler(high_msg, high[0], high[1], conn)
-        assert reconciler(high_msg, high[0], high[1] + 100, conn) == 0  # a re-sent high watermark: no-op
+        taken, inserted = reconciler(high_msg, high[0], high[1], conn)
+        assert taken == 12  # every staged row's position, dropped or not
+        assert reconciler(high_msg, high[0], high[1] + 100, conn) == (0, 0)  # a re-sent high watermark: no-op
         conn.commit()
         kept = [r[0] for r in conn.execute(
             f"SELECT pk FROM {s}.change_log WHERE backfill_id = 'bf' ORDER BY commit_idx").fetchall()]
         assert kept == [pk[0], pk[5], pk[6], pk[7], pk[8], *pk[9:]]
         assert inserted == len(kept)
-        positions = conn.execute(f"SELECT DISTINCT commit_lsn FROM {s}.change_log WHERE backfill_id = 'bf'").fetchall()
-        assert positions == [(high[0],)]
+        positions = conn.execute(f"SELECT commit_lsn, commit_idx FROM {s}.change_log WHERE backfill_id = 'bf' "
+                                 "ORDER BY commit_idx").fetchall()
+        # Row seq s sits at the high watermark's position + s - 1, a dropped row's left empty.
+        assert positions == [(high[0], high[1] + i) for i in (0, 5, 6, 7, 8, 9, 10, 11)]
         checkpoint = conn.execute(f"SELECT status, cursor, pages, rows_read, rows_dropped FROM {s}.backfills").fetchone()
         assert checkpoint == ("completed", ["12"], 1, 12, 12 - len(kept))
 
@@ -515,7 +518,7 @@ def test_reconciler_drops_what_the_snapshot_missed(db_factory):
         conn.execute(f"INSERT INTO {s}.change_log (commit_lsn, commit_idx, xid, table_schema, table_name, action, "
                      "commit_ts) VALUES (3500, 0, 5, 'public', 't', 'truncate', now())")
         msg = LogicalMessage(True, 4000, WATERMARK_PREFIX, signed(conn, "bf2", high_xid))
-        assert reconciler(msg, 4000, 0, conn) == 0
+        assert reconciler(msg, 4000, 0, conn) == (2, 0)  # positions taken, nothing logged
         conn.commit()
 
 
@@ -568,6 +571,6 @@ def test_a_high_watermark_seals_only_the_staging_it_was_sent_for(db_factory):
             return LogicalMessage(True, 200, WATERMARK_PREFIX,
                                   Watermark("bf", 0, "high", xid=20, token=token).encode(key).encode())
 
-        assert reconciler(high(page_token("9:9:", read_at)), 200, 0, conn) == 0  # an older staging's
-        assert reconciler(high(page_token("10:10:", read_at)), 300, 0, conn) == 1
+        assert reconciler(high(page_token("9:9:", read_at)), 200, 0, conn) == (0, 0)  # an older staging's
+        assert reconciler(high(page_token("10:10:", read_at)), 300, 0, conn) == (1, 1)
         conn.commit()

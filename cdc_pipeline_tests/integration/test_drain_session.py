@@ -64,14 +64,14 @@ def test_state_session_merges_options_and_forces_durability(acct: Database, db_f
     config = _config(acct, write_config, state_dsn=state_dsn)
     seen: list[tuple[Any, ...]] = []
 
-    def show(msg: pgoutput.LogicalMessage, lsn: int, idx: int, conn: psycopg.Connection) -> int:
+    def show(msg: pgoutput.LogicalMessage, lsn: int, idx: int, conn: psycopg.Connection) -> tuple[int, int]:
         # Runs inside the drain's own state transaction.
         row = conn.execute("SELECT current_setting('work_mem'), current_setting('synchronous_commit'), "
                            "current_setting('transaction_isolation'), current_setting('TimeZone'), "
                            "current_setting('statement_timeout'), current_setting('lock_timeout')").fetchone()
         assert row
         seen.append(tuple(row))
-        return 0
+        return 0, 0
 
     acct.execute("SELECT pg_logical_emit_message(true, 'test.show', '')")
     Drain(config, message_hooks={"test.show": show}).run(until_idle=True, seconds=60)
