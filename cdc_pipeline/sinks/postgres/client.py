@@ -115,7 +115,11 @@ class PostgresSink(Sink):
         last = (int(reads.column("commit_lsn")[-1].as_py()), int(reads.column("commit_idx")[-1].as_py()))
         try:
             with self._tracked():
-                self._mirror(reads.num_rows, typed.stage_columns(self._begin(), reads, shapes))
+                staged = typed.stage_columns(self._begin(), reads, shapes)
+                if len(staged) == 1:
+                    typed.apply_one_shape(self.conn, reads, staged[0], self._sync_table)
+                else:
+                    self._mirror(reads.num_rows, staged)
                 self._record(last)
         except _TRANSIENT as exc:
             raise SinkUnavailable(f"postgres sink {self.name!r}: {type(exc).__name__}: {exc}") from exc

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import psycopg
 import pyarrow as pa
@@ -148,3 +148,15 @@ def apply_run(conn: psycopg.Connection, target: tuple[str, str], info: TableInfo
              cols=sql.SQL(", ").join(map(sql.Identifier, names)),
              values=sql.SQL(", ").join(sql.SQL("s.{}").format(sql.Identifier(c)) for c in names)),
         (schema, name, shape, lo, hi))
+
+
+def apply_one_shape(conn: psycopg.Connection, reads: pa.Table, columns: Columns,
+                    sync: Callable[[str], tuple[tuple[str, str], TableInfo]]) -> None:
+    """A batch staged by ``stage_columns`` whose typed reads have one shape: each table's reads are one run,
+    the whole batch (no truncate, no JSON message between them), so ``runs`` need not look for them.
+    ``sync`` gives a source table's mirror table (created or altered as needed) and its description."""
+    tables = reads.select(["table_schema", "table_name"]).group_by(["table_schema", "table_name"]).aggregate([])
+    for schema, name in zip(tables.column("table_schema").to_pylist(), tables.column("table_name").to_pylist(),
+                            strict=True):
+        target, info = sync(f"{schema}.{name}")
+        apply_run(conn, target, info, schema, name, columns, 0, 0, reads.num_rows - 1)
