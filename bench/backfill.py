@@ -259,14 +259,16 @@ def timed_delivery(config_path: Path, rows: int) -> dict[str, float]:
     timed(staging, "run_arrow_stage", "Arrow stage (payload; overlaps the sink)")
     timed(engine, "messages_from", "Arrow -> messages")
     timed(pg_sink.PostgresSink, "_apply", "sink: COPY to stage + MERGE")
-    timed(pg_sink.PostgresSink, "deliver_typed_batch", "sink: typed batch, COPY of its columns + MERGE")
+    timed(store.Store, "head_run", "find the next run of typed reads in the log")
+    timed(pg_sink.PostgresSink, "deliver_typed_run", "typed run relayed: log COPY -> mirror COPY + MERGE")
     # Loading and staging run one batch ahead, beside the sink: time batches by when each was sent.
     sent: list[tuple[int, float]] = []
     original_send = engine.Deliverer._send
 
-    def send(self: Any, conn: Any, staged: Any, stats: Any) -> Any:
-        result = original_send(self, conn, staged, stats)
-        sent.append((staged.batch.num_rows, time.perf_counter()))
+    def send(self: Any, conn: Any, staged: Any, stats: Any, **kw: Any) -> Any:
+        result = original_send(self, conn, staged, stats, **kw)
+        rows = staged.run.count if getattr(staged, "run", None) is not None else staged.batch.num_rows
+        sent.append((rows, time.perf_counter()))
         return result
 
     engine.Deliverer._send = send  # type: ignore[method-assign]

@@ -20,7 +20,6 @@ from typing import IO
 
 import psycopg
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql import SparkSession
 
 from cdc_pipeline.config import PipelineConfig, SinkConfig
@@ -36,7 +35,8 @@ from cdc_pipeline.delivery.stats import DeliveryStats
 from cdc_pipeline.postgres import session
 from cdc_pipeline.sinks import build_sink
 from cdc_pipeline.sinks.base import OutboundMessage, Sink
-from cdc_pipeline.state.store import Position, Store
+from cdc_pipeline.state.store import LOG_ARROW_SCHEMA, Position, Store
+from cdc_pipeline.state.typed_log import TypedRun
 from cdc_pipeline.state.typed_rows import Columns, shapes_of
 
 __all__ = ["Deliverer", "DeliveryStats", "SinkBusy"]
@@ -60,6 +60,8 @@ class Staged:
     out: pa.Table
     failed: list[StageFailure]
     shapes: dict[str, Columns] = field(default_factory=dict)  # typed reads' shapes, by backfill
+    run: TypedRun | None = None  # a run of typed reads to relay (state/typed_log.py): batch is empty
+    after: Position | None = None  # where the run starts
 
 
 class Deliverer(Staging, Parking):
@@ -202,7 +204,7 @@ class Deliverer(Staging, Parking):
                     self._retry_due(conn, stats)
                 staged = ahead.result() if ahead is not None else self._load_and_stage(loader, offset)
                 ahead = None
-                if staged.batch.num_rows == 0:
+                if staged.batch.num_rows == 0 and staged.run is None:
                     if until_idle and not any(t.is_alive() for t in self._resyncs):
                         break
                     if not idle:  # once per idle spell: what a long-running delivery is waiting for
@@ -213,14 +215,27 @@ class Deliverer(Staging, Parking):
                     self._stop.wait(self.config.delivery.idle_seconds)
                     continue
                 idle = False
+                if staged.run is not None:  # relayed from the loader's connection: nothing loads meanwhile
+                    offset = self._send(conn, staged, stats, source=loader)
+                    continue
                 ahead = pool.submit(self._load_and_stage, loader, staged.last)
                 offset = self._send(conn, staged, stats)
             if ahead is not None:
                 ahead.result()  # let the loader finish before its connection closes
         return offset
 
-    def _load_and_stage(self, conn: psycopg.Connection, offset: Position) -> Staged:
-        batch = self.store.load_batch(conn, self.sink_config.tables, offset, self.batch_size,
+    def _load_and_stage(self, conn: psycopg.Connection, offset: Position, limit: int | None = None) -> Staged:
+        """The next micro-batch after ``offset``: for a sink that takes typed rows, the run at the head of its
+        log (a typed run is only described here, and relayed when sent); else up to ``limit`` messages."""
+        if limit is None and self.typed_rows:
+            run = self.store.head_run(conn, self.sink_config.tables, offset, self.batch_size, self.sink_config.name)
+            conn.commit()
+            if run is None:
+                return Staged(LOG_ARROW_SCHEMA.empty_table(), offset, empty_output(), [])
+            if run.typed:
+                return Staged(LOG_ARROW_SCHEMA.empty_table(), run.last, empty_output(), [], run=run, after=offset)
+            limit = run.count
+        batch = self.store.load_batch(conn, self.sink_config.tables, offset, limit or self.batch_size,
                                       sink=self.sink_config.name, max_bytes=self.config.delivery.batch_bytes,
                                       typed=self.typed_rows)
         schemas = self._schemas(conn) if batch.num_rows else {}
@@ -232,13 +247,22 @@ class Deliverer(Staging, Parking):
         out, stage_failed = self._stage(batch, schemas)
         return Staged(batch, last, out, stage_failed, shapes)
 
-    def _send(self, conn: psycopg.Connection, staged: Staged, stats: DeliveryStats) -> Position:
+    def _send(self, conn: psycopg.Connection, staged: Staged, stats: DeliveryStats,
+              source: psycopg.Connection | None = None) -> Position:
+        """Deliver one micro-batch and advance the offset (``conn``); a typed run is read from ``source``."""
+        if staged.run is not None:
+            assert source is not None  # the relay's COPY holds its connection until the sink has applied it
+            if self._relay(conn, source, staged.run, staged.after or (0, -1), stats):
+                return staged.last
+            # Rejected, or a parked group: the run message by message, which finds the read at fault or
+            # holds the group's reads behind the parked one (ordering.py).
+            staged = self._load_and_stage(conn, staged.after or (0, -1), limit=staged.run.count)
+            if staged.batch.num_rows == 0:  # retention trimmed it meanwhile
+                return staged.last
         batch, last, out, stage_failed = staged.batch, staged.last, staged.out, staged.failed
         last_ts = batch.column("commit_ts")[-1].as_py()
         stats.batches += 1
         stats.read += batch.num_rows
-        if self._send_typed(conn, staged, stats):
-            return last
         messages = messages_from(out, staged.shapes)
         filtered = batch.num_rows - len(messages) - len(stage_failed)
         stats.filtered += filtered
@@ -267,33 +291,33 @@ class Deliverer(Staging, Parking):
         stats.parked += parked
         return last
 
-    def _send_typed(self, conn: psycopg.Connection, staged: Staged, stats: DeliveryStats) -> bool:
-        """A batch of typed reads only, none failed at the stage and none of a parked group, goes to a sink
-        that takes such batches whole (from the stage's columns, no message per row). False: nothing was
-        delivered, send it message by message - also when the destination rejected it: the per-message
-        path then finds the message at fault, parks it and holds its group (ordering.py)."""
-        out, name = staged.out, self.sink_config.name
-        take = getattr(self.sink, "deliver_typed_batch", None)
-        if take is None or not self.typed_rows or staged.failed or out.num_rows == 0 \
-                or "tup" not in out.column_names or out.column("tup").null_count:
-            return False
-        blocked = self.store.parked_groups(conn, name) if self.sink_config.message_grouping else set()
-        if blocked and pc.any(pc.is_in(out.column("group_key"), pa.array([g for g in blocked if g is not None], pa.string()))).as_py():
+    def _relay(self, conn: psycopg.Connection, source: psycopg.Connection, run: TypedRun, after: Position,
+               stats: DeliveryStats) -> bool:
+        """A run of typed reads relayed from the log to a sink that takes it whole (no message per row), when
+        none of the sink's groups is parked. False: nothing was delivered (rejected by the destination, or
+        a parked group): the caller sends the run message by message."""
+        name = self.sink_config.name
+        take = getattr(self.sink, "deliver_typed_run", None)
+        if take is None or (self.sink_config.message_grouping and self.store.parked_groups(conn, name)):
             return False
         assert self.sink is not None
-        self.sink.hold_position_below(None)  # nothing of the batch is parked
-        if take(out, staged.shapes) is not None:
+        self.sink.hold_position_below(None)  # nothing of the run is parked
+        with self.store.relay_rows(source, self.sink_config.tables, after, run, name) as blocks:
+            error = take(run, blocks)
+        source.commit()
+        if error is not None:
+            log.info("sink %s: a run of %d typed reads was rejected (%s); delivering it message by message",
+                     name, run.count, error[:200])
             return False
         self._live.saw([None])
-        filtered = staged.batch.num_rows - out.num_rows
-        self.store.advance_offset(conn, name, staged.last, out.num_rows, filtered, 0,
-                                  staged.batch.column("commit_ts")[-1].as_py())
+        self.store.advance_offset(conn, name, run.last, run.count, 0, 0, run.last_commit_ts)
         if self._waiting:
             self.store.set_waiting(conn, name, None)
             self._waiting = False
         conn.commit()
-        stats.filtered += filtered
-        stats.delivered += out.num_rows
+        stats.batches += 1
+        stats.read += run.count
+        stats.delivered += run.count
         return True
 
     def _deliver(self, messages: Sequence[OutboundMessage], kept_back: Position | None = None) -> list[str | None]:

@@ -24,9 +24,10 @@ Contract (what the delivery engine relies on):
   message sent failed that way as an outage of the destination (not counted against any message),
   and counts such an error against a message only once the destination has accepted other messages.
 * Errors never contain secrets: no header values, no passwords or tokens from URLs.
-* Optional: a sink that declares `takes_typed_rows` may also offer `deliver_typed_batch(reads, shapes)`
-  for a batch made only of typed reads, as the stage's Arrow columns (no message per row): all of it
-  applied (None) or none of it (an error; the engine then hands the batch over message by message).
+* Optional: a sink that declares `takes_typed_rows` may also offer `deliver_typed_run(run, blocks)` for
+  a run of the log made only of typed reads, relayed as COPY text blocks (state/typed_log.py; no message
+  per row): all of it applied (None) or none of it (an error; the engine then hands the run over message
+  by message).
 """
 
 from __future__ import annotations

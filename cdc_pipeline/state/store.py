@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import io
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager
 from datetime import datetime
 
 import psycopg
@@ -13,7 +14,7 @@ from psycopg import sql
 
 from cdc_pipeline.config.errors import redact
 from cdc_pipeline.postgres.catalog import ColumnInfo, TableInfo
-from cdc_pipeline.state import typed_rows
+from cdc_pipeline.state import typed_log, typed_rows
 from cdc_pipeline.state.base import Position, SchemaStore
 
 LOG_ARROW_SCHEMA = pa.schema([
@@ -86,11 +87,19 @@ class Store(SchemaStore):
                 f"AS _total, {size} AS _bytes FROM (SELECT * FROM {{}}.change_log ").format(self.s) + where + sql.SQL(
                 ") l) b WHERE b._total - b._bytes < %s ORDER BY commit_lsn, commit_idx")
             params = (*params, max_bytes)
-        # The log's primary key already gives this order: without the hint the planner underestimates
-        # how many rows match the table filter and sorts every row after the offset to keep `limit`.
-        conn.execute("SET LOCAL enable_sort = off")
+        typed_log.scan_in_log_order(conn)
         batch = _copy_arrow(conn, query, params, LOG_ARROW_SCHEMA_TYPED)
         return batch if typed else typed_rows.with_records(conn, self.schema, batch)
+
+    def head_run(self, conn: psycopg.Connection, tables: Sequence[str], after: Position, limit: int,
+                 sink: str) -> typed_log.TypedRun | None:
+        """The run of typed reads, or of other messages, at the head of a sink's log (state/typed_log.py)."""
+        return typed_log.head_run(conn, self.schema, self._routing(sink), (list(tables), sink), after, limit)
+
+    def relay_rows(self, conn: psycopg.Connection, tables: Sequence[str], after: Position, run: typed_log.TypedRun,
+                   sink: str) -> AbstractContextManager[Iterator[bytes]]:
+        """A typed run's rows as COPY text blocks, for a sink that writes them as they are."""
+        return typed_log.relay_rows(conn, self.schema, self._routing(sink), (list(tables), sink), after, run)
 
     def load_positions(self, conn: psycopg.Connection, positions: Sequence[Position]) -> pa.Table:
         query = sql.SQL(_SELECT + "WHERE (commit_lsn, commit_idx) IN (SELECT * FROM unnest(%s::bigint[], %s::int[])) "

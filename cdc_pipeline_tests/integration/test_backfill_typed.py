@@ -106,8 +106,8 @@ def test_every_type_identical_through_typed_and_json_paths(path, db_factory, wri
 
 
 def test_typed_reads_and_changes_in_one_batch_keep_per_key_order(db_factory, write_config, spark):
-    """Reads, then changes to the same keys, then another backfill's reads: one delivery batch, applied in
-    log order across the typed and the JSON path."""
+    """Reads, then changes to the same keys, then another backfill's reads, then changes: four runs of the
+    log (typed reads are relayed, changes go as messages), applied in log order."""
     source, dest = db_factory(), db_factory()
     source.execute(DDL)
     source.execute(ROWS)
@@ -123,7 +123,7 @@ def test_typed_reads_and_changes_in_one_batch_keep_per_key_order(db_factory, wri
     drain(config)
     assert (first.rows_read, second.rows_read) == (3, 3)
     stats = deliver(config, spark, sink="mirror")
-    assert stats.parked == 0 and stats.batches == 1
+    assert stats.parked == 0 and stats.batches == 4
     assert assert_mirrored(source.dsn, "public.typed", dest.dsn, "mirror.typed") == 2
 
 
@@ -194,22 +194,22 @@ def _spy_typed_batches(monkeypatch: Any) -> tuple[list[str | None], list[int]]:
 
     answers: list[str | None] = []
     calls: list[int] = []
-    whole, per_message = PostgresSink.deliver_typed_batch, PostgresSink.deliver
+    whole, per_message = PostgresSink.deliver_typed_run, PostgresSink.deliver
 
-    def typed_batch(self: Any, reads: Any, shapes: Any) -> str | None:
-        answers.append(whole(self, reads, shapes))
+    def typed_batch(self: Any, run: Any, blocks: Any) -> str | None:
+        answers.append(whole(self, run, blocks))
         return answers[-1]
 
     def deliver_messages(self: Any, batch: Any) -> Any:
         calls.append(len(batch))
         return per_message(self, batch)
 
-    monkeypatch.setattr(PostgresSink, "deliver_typed_batch", typed_batch)
+    monkeypatch.setattr(PostgresSink, "deliver_typed_run", typed_batch)
     monkeypatch.setattr(PostgresSink, "deliver", deliver_messages)
     return answers, calls
 
 
-def test_a_batch_of_typed_reads_goes_whole_from_its_columns(db_factory, write_config, spark, monkeypatch):
+def test_a_run_of_typed_reads_is_relayed_whole(db_factory, write_config, spark, monkeypatch):
     """Every type (tabs, newlines, backslashes and quotes in the composite text) through the whole-batch
     path: no message per row, the sink's position recorded with it."""
     source, dest = db_factory(), db_factory()
@@ -233,11 +233,11 @@ def test_a_batch_of_typed_reads_goes_whole_from_its_columns(db_factory, write_co
 
 def test_a_rejection_in_a_typed_batch_parks_the_failing_read_and_holds_its_group(
         source_db, db_factory, write_config, spark, monkeypatch):
-    """Three backfills' reads of five keys in one batch of typed reads only (the updates between them are
-    not for this sink): the mirror rejects the last read of key 3. The batch falls back to message by
-    message: exactly that read is parked, every other read is applied in order (key 3 keeps its second
-    read). A later batch of typed reads with a read of key 3 goes message by message too: that read is held
-    behind the parked one. Once the fault is gone the retries apply key 3's reads in order."""
+    """Three backfills' reads of five keys, with updates (not for this sink) between them: three runs of
+    typed reads. The mirror rejects the last read of key 3: its run falls back to message by message,
+    exactly that read is parked, every other read is applied in order (key 3 keeps its second read). A
+    later run of typed reads with a read of key 3 goes message by message too (a group is parked): that
+    read is held behind the parked one. Once the fault is gone the retries apply key 3's reads in order."""
     from cdc_pipeline.cli import main
 
     dest = db_factory()
@@ -245,6 +245,7 @@ def test_a_rejection_in_a_typed_batch_parks_the_failing_read_and_holds_its_group
                       "INSERT INTO acct SELECT g, 0, E'a\\tb\\\\c\\n\"(x)\"' FROM generate_series(1, 5) g")
     data = backfill_config(source_db.dsn, dest.dsn, ["public.acct"], actions=["insert", "delete"],
                            backoff={"initial_ms": 600_000, "max_ms": 600_000, "jitter": 0})  # retried on demand
+    data["delivery"] = {**data.get("delivery", {}), "batch_size": 5}  # a run as long as a batch falls back too
     config = write_config(data)
     setup(config)
     dest.execute("CREATE SCHEMA mirror; CREATE TABLE mirror.acct (id int PRIMARY KEY, balance int, note text, "
@@ -256,15 +257,15 @@ def test_a_rejection_in_a_typed_batch_parks_the_failing_read_and_holds_its_group
     drain(config)
     answers, calls = _spy_typed_batches(monkeypatch)
     stats = deliver(config, spark)
-    assert len(answers) == 1 and answers[0] is not None and "poison" in answers[0]
-    assert calls == [15, 2]  # the whole batch again, then (after key 3's last read failed) the rest
+    assert answers[:2] == [None, None] and len(answers) == 3 and answers[2] is not None and "poison" in answers[2]
+    assert calls == [5, 2]  # the rejected run again, then (after key 3's last read failed) the rest
     assert (stats.delivered, stats.parked, stats.filtered) == (14, 1, 10)
     assert dict(dest.execute("SELECT id, balance FROM mirror.acct")) == {1: 2, 2: 2, 3: 1, 4: 2, 5: 2}
     source_db.execute("UPDATE acct SET balance = 4")
     backfill(config, "public.acct")
     drain(config)
     stats = deliver(config, spark)
-    assert len(answers) == 1 and calls[2:] == [4]  # key 3's read never reached the sink
+    assert len(answers) == 3 and calls[2:] == [4]  # not relayed; key 3's read never reached the sink
     assert (stats.delivered, stats.parked) == (4, 1)
     assert dict(dest.execute("SELECT id, balance FROM mirror.acct")) == {1: 4, 2: 4, 3: 1, 4: 4, 5: 4}
     with psycopg.connect(config.state_dsn) as conn:

@@ -14,10 +14,9 @@ TRUNCATE splits the batch: messages before it, the truncate, messages after it.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import psycopg
-import pyarrow as pa
 from psycopg import sql
 
 from cdc_pipeline.postgres import session
@@ -27,11 +26,16 @@ from cdc_pipeline.postgres.keyset import parse_qualified
 from cdc_pipeline.sinks.base import NOT_SENT, OutboundMessage, Sink, SinkUnavailable
 from cdc_pipeline.sinks.postgres import typed
 from cdc_pipeline.sinks.routes import route_problem
+from cdc_pipeline.state.typed_log import TypedRun
 
 OFFSETS_SCHEMA = "cdc_pipeline_sink"
 FIRST_USER_OID = 16384  # types above this (enums, domains, composites) may not exist in the destination
 STAGE_WORK_MEM = "128MB"  # per sort/hash of one batch, for this transaction only
 _TRANSIENT = (psycopg.OperationalError, psycopg.errors.ConnectionTimeout)
+
+
+class _RunMismatch(Exception):
+    """The relayed run is not the one announced (the log changed under it): applied by no one."""
 
 
 class PostgresSink(Sink):
@@ -107,23 +111,25 @@ class PostgresSink(Sink):
         except _TRANSIENT as exc:
             raise SinkUnavailable(f"postgres sink {self.name!r}: {type(exc).__name__}: {exc}") from exc
 
-    def deliver_typed_batch(self, reads: pa.Table, shapes: Mapping[str, typed.Columns]) -> str | None:
-        """A batch of typed reads only, as the stage's Arrow columns (no message per row), in one transaction
-        with the position of its last read. None: applied; an error: rejected, nothing applied (the engine
-        then delivers it message by message). Raises SinkUnavailable when the destination is unreachable."""
+    def deliver_typed_run(self, run: TypedRun, blocks: Iterable[bytes]) -> str | None:
+        """A run of typed reads relayed from the log (state/typed_log.py), in one transaction with the position
+        of its last read. None: applied; an error: rejected, nothing applied (the engine then delivers the run
+        message by message). Raises SinkUnavailable when the destination is unreachable."""
         assert self.conn is not None and self.mode == "mirror"
-        last = (int(reads.column("commit_lsn")[-1].as_py()), int(reads.column("commit_idx")[-1].as_py()))
         try:
             with self._tracked():
-                staged = typed.stage_columns(self._begin(), reads, shapes)
-                if len(staged) == 1:
-                    typed.apply_one_shape(self.conn, reads, staged[0], self._sync_table)
+                conn = self._begin()
+                rows = typed.stage_copy(conn, blocks)
+                if rows != run.count:
+                    raise _RunMismatch(f"typed run: {run.count} reads expected, {rows} relayed")
+                if len(run.shapes) == 1:
+                    typed.apply_one_shape(conn, rows, run.tables, run.shapes[0], self._sync_table)
                 else:
-                    self._mirror(reads.num_rows, staged)
-                self._record(last)
+                    self._mirror(rows, list(run.shapes))
+                self._record(run.last)
         except _TRANSIENT as exc:
             raise SinkUnavailable(f"postgres sink {self.name!r}: {type(exc).__name__}: {exc}") from exc
-        except psycopg.Error as exc:
+        except (psycopg.Error, _RunMismatch) as exc:
             self.conn.rollback()
             self._shapes.clear()  # tables created in the rolled-back transaction are gone
             return f"{type(exc).__name__}: {str(exc).strip()[:500]}"

@@ -6,9 +6,9 @@ PostgreSQL's composite input into a temp table type of their shape, and applied 
 a table's messages of a batch segment are cut into maximal runs of typed reads of one shape and of
 other messages, applied in ``seq`` order, so per-key order holds across the two paths. A read is a row's
 full state, so within a run the last read of each key is the one applied. Columns the row does not hold
-(added to the table after it was read) keep their value, as for an unchanged TOAST value. A batch made only
-of typed reads is staged straight from its Arrow columns (``stage_columns``): one COPY block, no per-row work
-in Python.
+(added to the table after it was read) keep their value, as for an unchanged TOAST value. A run of the log
+made only of typed reads is relayed from the state database's COPY into ``_cdc_typed`` (``stage_copy``,
+state/typed_log.py) without a Python object per row.
 """
 
 from __future__ import annotations
@@ -16,11 +16,9 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import psycopg
-import pyarrow as pa
-import pyarrow.compute as pc
 from psycopg import sql
 
 from cdc_pipeline.postgres.catalog import TableInfo
@@ -48,44 +46,15 @@ def stage(conn: psycopg.Connection, rows: Sequence[tuple[int, TypedRow]]) -> lis
     return list(shapes)
 
 
-def stage_columns(conn: psycopg.Connection, reads: pa.Table, shapes: Mapping[str, Columns]) -> list[Columns]:
-    """COPY a batch of typed reads only (columns ``tup``, ``table_schema``, ``table_name``, ``backfill_id``, in
-    batch order: ``seq`` is the row number) into ``_cdc_typed`` as one block of COPY text made by Arrow's
-    kernels; their shapes, by shape number. A read without its backfill's shape fails (KeyError)."""
-    n = reads.num_rows
-    bids = reads.column("backfill_id").combine_chunks()
-    distinct = pc.unique(bids)
-    numbers: dict[Columns, int] = {}
-    per_bid = [numbers.setdefault(shapes[str(b)], len(numbers)) for b in distinct.to_pylist()]
-    shape = pc.take(pa.array(per_bid, pa.int32()), pc.index_in(bids, distinct))
-    fields = [pc.cast(pa.array(range(n), pa.int32()), pa.string()), _copy_text(reads.column("table_schema")),
-              _copy_text(reads.column("table_name")), pc.cast(shape, pa.string()), _copy_text(reads.column("tup"))]
-    lines = pc.binary_join_element_wise(pc.binary_join_element_wise(*fields, "\t"), "", "\n")
-    lines = lines.combine_chunks() if isinstance(lines, pa.ChunkedArray) else lines
-    if lines.null_count:
-        raise ValueError("typed reads: a typed read without its row, schema, table or backfill")
-    # Every line ends in a newline: the values' buffer between the first and last offset is the block.
-    offsets = lines.buffers()[1]
-    assert offsets is not None
-    ends = memoryview(offsets).cast("i")
-    start, stop = ends[lines.offset], ends[lines.offset + n]
-    data = lines.buffers()[2]
-    assert data is not None
+def stage_copy(conn: psycopg.Connection, blocks: Iterable[bytes]) -> int:
+    """COPY a relayed run of typed reads (COPY text rows ``seq, sch, tbl, shape, tup``, state/typed_log.py) into
+    ``_cdc_typed`` as it comes, a block at a time; how many rows it held."""
+    rows = 0
     with conn.cursor().copy("COPY _cdc_typed (seq, sch, tbl, shape, tup) FROM STDIN") as copy:
-        copy.write(memoryview(data)[start:stop])
-    return list(numbers)
-
-
-def _copy_text(column: pa.ChunkedArray) -> pa.Array:
-    """Values escaped for COPY's text format (backslash first), as one array. A character is looked for in
-    the values' buffer first (a byte search): rows rarely hold one, and a replacing pass costs far more."""
-    values = column.combine_chunks()
-    data = values.buffers()[2]
-    raw = data.to_pybytes() if data is not None else b""
-    for char, escaped in (("\\", "\\\\"), ("\t", "\\t"), ("\n", "\\n"), ("\r", "\\r")):
-        if char.encode() in raw:
-            values = pc.replace_substring(values, char, escaped)
-    return values
+        for block in blocks:
+            rows += block.count(b"\n")  # one line per row: COPY text escapes newlines inside values
+            copy.write(block)
+    return rows
 
 
 def tables(conn: psycopg.Connection) -> list[str]:
@@ -150,13 +119,11 @@ def apply_run(conn: psycopg.Connection, target: tuple[str, str], info: TableInfo
         (schema, name, shape, lo, hi))
 
 
-def apply_one_shape(conn: psycopg.Connection, reads: pa.Table, columns: Columns,
+def apply_one_shape(conn: psycopg.Connection, count: int, tables: Sequence[tuple[str, str]], columns: Columns,
                     sync: Callable[[str], tuple[tuple[str, str], TableInfo]]) -> None:
-    """A batch staged by ``stage_columns`` whose typed reads have one shape: each table's reads are one run,
-    the whole batch (no truncate, no JSON message between them), so ``runs`` need not look for them.
-    ``sync`` gives a source table's mirror table (created or altered as needed) and its description."""
-    tables = reads.select(["table_schema", "table_name"]).group_by(["table_schema", "table_name"]).aggregate([])
-    for schema, name in zip(tables.column("table_schema").to_pylist(), tables.column("table_name").to_pylist(),
-                            strict=True):
+    """``count`` staged typed reads of ``tables``, all of one shape: each table's reads are one run, the whole
+    batch (no truncate, no JSON message between them), so ``runs`` need not look for them. ``sync`` gives a
+    source table's mirror table (created or altered as needed) and its description."""
+    for schema, name in tables:
         target, info = sync(f"{schema}.{name}")
-        apply_run(conn, target, info, schema, name, columns, 0, 0, reads.num_rows - 1)
+        apply_run(conn, target, info, schema, name, columns, 0, 0, count - 1)

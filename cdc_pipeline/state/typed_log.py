@@ -1,0 +1,121 @@
+"""Runs of typed reads in the log, streamed to a sink that writes them as they are (sinks/postgres/typed.py).
+
+A sink that takes typed rows gets the log in runs: the messages after its offset up to the first one of the
+other kind. A run of typed reads never becomes Arrow or Python objects: it is relayed as COPY text rows
+``seq, table_schema, table_name, shape, tup`` from the state database straight into the destination's COPY,
+a block at a time. ``TypedRun`` says what a run holds (found with one index scan that reads no ``tup``), so
+the relay is bounded by the run's last position and checked against its row count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+
+import psycopg
+from psycopg import sql
+
+from cdc_pipeline.state.base import Position
+from cdc_pipeline.state.typed_rows import Columns, shapes
+
+RELAY_BLOCK = 1 << 20
+
+
+@dataclass(frozen=True)
+class TypedRun:
+    """The run at the head of a sink's log: typed reads (``typed``) or other messages, ``count`` of them."""
+
+    typed: bool
+    count: int
+    last: Position
+    last_commit_ts: datetime
+    shapes: tuple[Columns, ...] = ()  # typed: the row shapes, by shape number
+    shape_of: dict[str, int] | None = None  # typed: each backfill's shape number
+    tables: tuple[tuple[str, str], ...] = ()  # typed: (schema, table) of its reads
+
+
+def _where(s: sql.Composable, routing: sql.Composable) -> sql.Composable:
+    return sql.SQL("FROM {}.change_log WHERE (commit_lsn, commit_idx) > (%s, %s) "
+                   "AND table_schema || '.' || table_name = ANY(%s) {}").format(s, routing)
+
+
+def scan_in_log_order(conn: psycopg.Connection) -> None:
+    """For this transaction: read the log in its key's order, in this process. Without the hint the planner
+    underestimates how many rows match the table filter and sorts every row after the offset; a batch is
+    too small to be worth parallel workers or JIT compilation (which the sort's penalty would trigger)."""
+    conn.execute("SET LOCAL enable_sort = off")
+    conn.execute("SET LOCAL jit = off")
+    conn.execute("SET LOCAL max_parallel_workers_per_gather = 0")
+
+
+def head_run(conn: psycopg.Connection, schema: str, routing: sql.Composable, params: Sequence[object],
+             after: Position, limit: int) -> TypedRun | None:
+    """The run at the head of the log after ``after`` (at most ``limit`` messages), None when there is none.
+    ``routing`` and ``params`` select the sink's messages (tables, then the routing's own parameters)."""
+    where = _where(sql.Identifier(schema), routing)
+    scan_in_log_order(conn)
+    # One ordered pass over the next `limit` messages, without their rows: the run is the messages before
+    # the first one whose kind is not the first one's.
+    row = conn.execute(sql.SQL(
+        "SELECT bool_and(x.typed), count(*), max(ARRAY[x.commit_lsn, x.commit_idx]), max(x.commit_ts), "
+        "  array_agg(DISTINCT x.backfill_id) FILTER (WHERE x.typed), "
+        "  array_agg(DISTINCT ARRAY[x.table_schema, x.table_name]) "
+        "FROM (SELECT w.*, bool_and(w.typed = (SELECT tup IS NOT NULL {where}ORDER BY commit_lsn, commit_idx LIMIT 1)) "
+        "  OVER (ORDER BY w.commit_lsn, w.commit_idx) AS same FROM ("
+        "  SELECT commit_lsn, commit_idx, commit_ts, backfill_id, table_schema, table_name, tup IS NOT NULL AS typed "
+        "  {where}ORDER BY commit_lsn, commit_idx LIMIT %s) w) x "
+        "WHERE x.same").format(where=where),
+        (*after, *params, *after, *params, limit)).fetchone()
+    if row is None or not row[1]:
+        return None
+    head, count, last, last_ts, bids, tables = row
+    run = TypedRun(bool(head), int(count), (int(last[0]), int(last[1])), last_ts)
+    if not run.typed:
+        return run
+    by_bid = shapes(conn, schema, list(bids))
+    if set(by_bid) != set(bids):  # a typed read without its backfill's shape: not for the relay
+        return TypedRun(False, run.count, run.last, run.last_commit_ts)
+    numbers: dict[Columns, int] = {}
+    shape_of = {bid: numbers.setdefault(cols, len(numbers)) for bid, cols in by_bid.items()}
+    return TypedRun(True, run.count, run.last, run.last_commit_ts, tuple(numbers), shape_of,
+                    tuple((str(a), str(b)) for a, b in tables))
+
+
+@contextmanager
+def relay_rows(conn: psycopg.Connection, schema: str, routing: sql.Composable, params: Sequence[object],
+               after: Position, run: TypedRun) -> Iterator[Iterator[bytes]]:
+    """The typed run's rows as COPY text blocks (``seq`` from 0 in log order). Only rows of the run are sent
+    (bounded by its last position, typed, of a backfill with a shape): whoever writes them checks the count."""
+    assert run.typed and run.shape_of is not None
+    bids = list(run.shape_of)
+    query = sql.SQL(
+        "COPY (SELECT (row_number() OVER (ORDER BY commit_lsn, commit_idx) - 1)::integer, table_schema, table_name, "
+        "(%s::integer[])[array_position(%s::text[], backfill_id)], tup "
+        "{where}AND (commit_lsn, commit_idx) <= (%s, %s) AND tup IS NOT NULL AND backfill_id = ANY(%s) "
+        "ORDER BY commit_lsn, commit_idx LIMIT %s) TO STDOUT").format(where=_where(sql.Identifier(schema), routing))
+    args = ([run.shape_of[b] for b in bids], bids, *after, *params, *run.last, bids, run.count)
+    scan_in_log_order(conn)
+    with conn.cursor().copy(query, args) as copy:
+        rows = _blocks(copy)
+        try:
+            yield rows
+        finally:
+            for _ in rows:  # a writer that stopped early: the COPY must still be read to its end
+                pass
+
+
+def _blocks(copy: psycopg.Copy) -> Iterator[bytes]:
+    """COPY TO data (one row per chunk) joined into blocks of about RELAY_BLOCK bytes."""
+    block: list[bytes] = []
+    size = 0
+    for data in copy:
+        chunk = bytes(data)
+        block.append(chunk)
+        size += len(chunk)
+        if size >= RELAY_BLOCK:
+            yield b"".join(block)
+            block, size = [], 0
+    if block:
+        yield b"".join(block)
