@@ -36,7 +36,7 @@ from cdc_pipeline.postgres import session
 from cdc_pipeline.sinks import build_sink
 from cdc_pipeline.sinks.base import OutboundMessage, Sink
 from cdc_pipeline.state.store import LOG_ARROW_SCHEMA, Position, Store
-from cdc_pipeline.state.typed_log import TypedRun
+from cdc_pipeline.state.typed_log import RelaySourceError, TypedRun
 from cdc_pipeline.state.typed_rows import Columns, shapes_of
 
 __all__ = ["Deliverer", "DeliveryStats", "SinkBusy"]
@@ -302,8 +302,11 @@ class Deliverer(Staging, Parking):
             return False
         assert self.sink is not None
         self.sink.hold_position_below(None)  # nothing of the run is parked
-        with self.store.relay_rows(source, self.sink_config.tables, after, run, name) as blocks:
-            error = take(run, blocks)
+        try:
+            with self.store.relay_rows(source, self.sink_config.tables, after, run, name) as blocks:
+                error = take(run, blocks)
+        except RelaySourceError as exc:  # the state database's error, not the destination's
+            raise exc.__cause__ or exc from None
         source.commit()
         if error is not None:
             log.info("sink %s: a run of %d typed reads was rejected (%s); delivering it message by message",

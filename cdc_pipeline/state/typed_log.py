@@ -106,16 +106,24 @@ def relay_rows(conn: psycopg.Connection, schema: str, routing: sql.Composable, p
                 pass
 
 
+class RelaySourceError(Exception):
+    """The state database failed while a run was relayed: raised through the writer (whose own errors are
+    the destination's), the original error as its cause."""
+
+
 def _blocks(copy: psycopg.Copy) -> Iterator[bytes]:
     """COPY TO data (one row per chunk) joined into blocks of about RELAY_BLOCK bytes."""
     block: list[bytes] = []
     size = 0
-    for data in copy:
-        chunk = bytes(data)
-        block.append(chunk)
-        size += len(chunk)
-        if size >= RELAY_BLOCK:
-            yield b"".join(block)
-            block, size = [], 0
+    try:
+        for data in copy:
+            chunk = bytes(data)
+            block.append(chunk)
+            size += len(chunk)
+            if size >= RELAY_BLOCK:
+                yield b"".join(block)
+                block, size = [], 0
+    except psycopg.Error as exc:
+        raise RelaySourceError(f"relaying typed reads from the log: {type(exc).__name__}") from exc
     if block:
         yield b"".join(block)
