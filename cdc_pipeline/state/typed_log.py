@@ -57,30 +57,30 @@ def head_run(conn: psycopg.Connection, schema: str, routing: sql.Composable, par
     where = _where(sql.Identifier(schema), routing)
     scan_in_log_order(conn)
     # One ordered pass over the next `limit` messages, without their rows: the run is the messages before
-    # the first one whose kind is not the first one's.
-    row = conn.execute(sql.SQL(
-        "SELECT bool_and(x.typed), count(*), max(ARRAY[x.commit_lsn, x.commit_idx]), max(x.commit_ts), "
-        "  array_agg(DISTINCT x.backfill_id) FILTER (WHERE x.typed), "
-        "  array_agg(DISTINCT ARRAY[x.table_schema, x.table_name]) "
-        "FROM (SELECT w.*, bool_and(w.typed = (SELECT tup IS NOT NULL {where}ORDER BY commit_lsn, commit_idx LIMIT 1)) "
-        "  OVER (ORDER BY w.commit_lsn, w.commit_idx) AS same FROM ("
+    # the first one whose kind is not the first one's; grouped by backfill and table (a few rows).
+    head = sql.SQL("(SELECT tup IS NOT NULL {where}ORDER BY commit_lsn, commit_idx LIMIT 1)").format(where=where)
+    groups = conn.execute(sql.SQL(
+        "SELECT x.typed, x.backfill_id, x.table_schema, x.table_name, count(*), "
+        "  max(ARRAY[x.commit_lsn, x.commit_idx]), max(x.commit_ts) "
+        "FROM (SELECT w.*, bool_and(w.typed = {head}) OVER (ORDER BY w.commit_lsn, w.commit_idx) AS same FROM ("
         "  SELECT commit_lsn, commit_idx, commit_ts, backfill_id, table_schema, table_name, tup IS NOT NULL AS typed "
         "  {where}ORDER BY commit_lsn, commit_idx LIMIT %s) w) x "
-        "WHERE x.same").format(where=where),
-        (*after, *params, *after, *params, limit)).fetchone()
-    if row is None or not row[1]:
+        "WHERE x.same GROUP BY 1, 2, 3, 4").format(head=head, where=where),
+        (*after, *params, *after, *params, limit)).fetchall()
+    if not groups:
         return None
-    head, count, last, last_ts, bids, tables = row
-    run = TypedRun(bool(head), int(count), (int(last[0]), int(last[1])), last_ts)
+    last = max((int(g[5][0]), int(g[5][1])) for g in groups)
+    run = TypedRun(bool(groups[0][0]), sum(int(g[4]) for g in groups), last, max(g[6] for g in groups))
     if not run.typed:
         return run
+    bids = sorted({str(g[1]) for g in groups})
+    tables = sorted({(str(g[2]), str(g[3])) for g in groups})
     by_bid = shapes(conn, schema, list(bids))
     if set(by_bid) != set(bids):  # a typed read without its backfill's shape: not for the relay
         return TypedRun(False, run.count, run.last, run.last_commit_ts)
     numbers: dict[Columns, int] = {}
     shape_of = {bid: numbers.setdefault(cols, len(numbers)) for bid, cols in by_bid.items()}
-    return TypedRun(True, run.count, run.last, run.last_commit_ts, tuple(numbers), shape_of,
-                    tuple((str(a), str(b)) for a, b in tables))
+    return TypedRun(True, run.count, run.last, run.last_commit_ts, tuple(numbers), shape_of, tuple(tables))
 
 
 @contextmanager
