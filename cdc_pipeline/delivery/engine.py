@@ -29,14 +29,17 @@ from cdc_pipeline.delivery.dispatch import deliver_in_order
 from cdc_pipeline.delivery.ordering import position_of, split_held
 from cdc_pipeline.delivery.outage import DestinationDown, Liveness, all_down, transient
 from cdc_pipeline.delivery.parking import Parking, messages_from
+from cdc_pipeline.delivery.relay import Relaying
 from cdc_pipeline.delivery.spark_stage import SinkPlan, empty_output
 from cdc_pipeline.delivery.staging import StageFailure, Staging
 from cdc_pipeline.delivery.stats import DeliveryStats
 from cdc_pipeline.postgres import session
+from cdc_pipeline.postgres.catalog import TableInfo
 from cdc_pipeline.sinks import build_sink
 from cdc_pipeline.sinks.base import OutboundMessage, Sink
+from cdc_pipeline.state.base import StateError
 from cdc_pipeline.state.store import LOG_ARROW_SCHEMA, Position, Store
-from cdc_pipeline.state.typed_log import RelaySourceError, TypedRun
+from cdc_pipeline.state.typed_log import TypedRun
 from cdc_pipeline.state.typed_rows import Columns, shapes_of
 
 __all__ = ["Deliverer", "DeliveryStats", "SinkBusy"]
@@ -64,7 +67,7 @@ class Staged:
     after: Position | None = None  # where the run starts
 
 
-class Deliverer(Staging, Parking):
+class Deliverer(Staging, Parking, Relaying):
     def __init__(self, config: PipelineConfig, sink_config: SinkConfig, spark: SparkSession,
                  sink: Sink | None = None, dry_run: bool = False, dry_run_out: IO[str] | None = None) -> None:
         self.config = config
@@ -107,9 +110,13 @@ class Deliverer(Staging, Parking):
                     sessions += 1
                     self._session(stats, started, until_idle, seconds, first=sessions == 1)
                     break
-                except Exception as exc:
+                except Exception as caught:
+                    # A state database error that came through the sink's code is the state database's.
+                    exc = caught.__cause__ if isinstance(caught, StateError) and caught.__cause__ else caught
                     if until_idle or self.dry_run or not (transient(exc) or isinstance(exc, _LockStillHeld)):
-                        raise
+                        if exc is caught:
+                            raise
+                        raise exc from None
                     progressed = (stats.delivered, stats.parked, stats.retried) != before
                     attempt = 1 if progressed else attempt + 1
                     delay = next_delay_ms(attempt, cfg.retry_initial_ms, cfg.retry_max_ms) / 1000
@@ -151,14 +158,18 @@ class Deliverer(Staging, Parking):
             try:
                 if self.sink is not None:
                     self.sink.open()
-                    self.sink.prepare(lambda table: self.store.table_info(conn, table))
+                    self.sink.prepare(lambda table: self._table_info(conn, table))
                     bind = getattr(self.sink, "bind_state", None)
                     if bind is not None:  # http_pull: queues in this connection's offset transaction
                         bind(conn, self.config.state.schema_name)
                 offset = self.store.sink_offset(conn, name)
                 if self.sink is not None:
                     held = self.sink.position()
-                    if held is not None and held > offset:  # the sink committed before we did
+                    if held is not None and held > offset:  # the sink committed before we did: record it
+                        tables = self.sink_config.tables
+                        done = (self.store.count_after(conn, tables, offset, sink=name)
+                                - self.store.count_after(conn, tables, held, sink=name))
+                        self.store.advance_offset(conn, name, held, done, 0, 0, None)
                         offset = held
                 conn.commit()
                 if not self.dry_run:  # state.max_backlog_hours: resync a row stream, stop a change stream
@@ -174,6 +185,13 @@ class Deliverer(Staging, Parking):
             finally:
                 if self.sink is not None:
                     self.sink.close()
+
+    def _table_info(self, conn: psycopg.Connection, table: str) -> TableInfo | None:
+        """A source table's description, for the sink (its errors are the state database's)."""
+        try:
+            return self.store.table_info(conn, table)
+        except psycopg.Error as exc:
+            raise StateError(f"describing {table}: {type(exc).__name__}") from exc
 
     def _schemas(self, conn: psycopg.Connection) -> dict[str, list[dict[str, object]]]:
         return self.store.relation_columns(conn) if self.plan.needs_record else {}
@@ -290,38 +308,6 @@ class Deliverer(Staging, Parking):
         stats.delivered += delivered
         stats.parked += parked
         return last
-
-    def _relay(self, conn: psycopg.Connection, source: psycopg.Connection, run: TypedRun, after: Position,
-               stats: DeliveryStats) -> bool:
-        """A run of typed reads relayed from the log to a sink that takes it whole (no message per row), when
-        none of the sink's groups is parked. False: nothing was delivered (rejected by the destination, or
-        a parked group): the caller sends the run message by message."""
-        name = self.sink_config.name
-        take = getattr(self.sink, "deliver_typed_run", None)
-        if take is None or (self.sink_config.message_grouping and self.store.parked_groups(conn, name)):
-            return False
-        assert self.sink is not None
-        self.sink.hold_position_below(None)  # nothing of the run is parked
-        try:
-            with self.store.relay_rows(source, self.sink_config.tables, after, run, name) as blocks:
-                error = take(run, blocks)
-        except RelaySourceError as exc:  # the state database's error, not the destination's
-            raise exc.__cause__ or exc from None
-        source.commit()
-        if error is not None:
-            log.info("sink %s: a run of %d typed reads was rejected (%s); delivering it message by message",
-                     name, run.count, error[:200])
-            return False
-        self._live.saw([None])
-        self.store.advance_offset(conn, name, run.last, run.count, 0, 0, run.last_commit_ts)
-        if self._waiting:
-            self.store.set_waiting(conn, name, None)
-            self._waiting = False
-        conn.commit()
-        stats.batches += 1
-        stats.read += run.count
-        stats.delivered += run.count
-        return True
 
     def _deliver(self, messages: Sequence[OutboundMessage], kept_back: Position | None = None) -> list[str | None]:
         """Per message: None (delivered), its error, or held behind its group's failure (ordering.py)."""

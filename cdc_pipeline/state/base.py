@@ -10,6 +10,12 @@ from psycopg import sql
 Position = tuple[int, int]
 
 
+class StateError(Exception):
+    """The state database's error, raised through a sink's code (a table description it asked for, a run
+    relayed into it): a sink counts every psycopg error as its destination's, this passes it on. The
+    original error is the cause."""
+
+
 @dataclass(frozen=True)
 class SchemaStore:
     """SQL about the tables of one state schema; `s` is the schema as an identifier for composed SQL."""

@@ -17,7 +17,7 @@ from datetime import datetime
 import psycopg
 from psycopg import sql
 
-from cdc_pipeline.state.base import Position
+from cdc_pipeline.state.base import Position, StateError
 from cdc_pipeline.state.typed_rows import Columns, shapes
 
 RELAY_BLOCK = 1 << 20
@@ -106,11 +106,6 @@ def relay_rows(conn: psycopg.Connection, schema: str, routing: sql.Composable, p
                 pass
 
 
-class RelaySourceError(Exception):
-    """The state database failed while a run was relayed: raised through the writer (whose own errors are
-    the destination's), the original error as its cause."""
-
-
 def _blocks(copy: psycopg.Copy) -> Iterator[bytes]:
     """COPY TO data (one row per chunk) joined into blocks of about RELAY_BLOCK bytes."""
     block: list[bytes] = []
@@ -124,6 +119,6 @@ def _blocks(copy: psycopg.Copy) -> Iterator[bytes]:
                 yield b"".join(block)
                 block, size = [], 0
     except psycopg.Error as exc:
-        raise RelaySourceError(f"relaying typed reads from the log: {type(exc).__name__}") from exc
+        raise StateError(f"relaying typed reads from the log: {type(exc).__name__}") from exc
     if block:
         yield b"".join(block)

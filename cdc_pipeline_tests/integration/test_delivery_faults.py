@@ -67,6 +67,18 @@ def _caught_up(config: PipelineConfig) -> bool:
     return sink["lag_messages"] == 0 and sink["parked"] == 0
 
 
+def _remote_config(source: Database, remote: tuple[Database, Database], write_config: Callable[..., PipelineConfig],
+                   batch_size: int, retry_ms: tuple[int, int]) -> PipelineConfig:
+    """public.acct mirrored to the remote mirror database, the state in the remote state database; set up."""
+    state, dest = remote
+    data = mirror_config(source.dsn, dest.dsn, ["public.acct"], target="mirror.acct", batch_size=batch_size)
+    data["state"] = {"dsn": state.dsn}
+    data["delivery"] = {"idle_seconds": 0.1, "retry_initial_ms": retry_ms[0], "retry_max_ms": retry_ms[1]}
+    config = write_config(data)
+    setup(config)
+    return config
+
+
 def _write(source: Database, lo: int, hi: int, v: int) -> None:
     source.execute("INSERT INTO acct SELECT g, %s FROM generate_series(%s::int, %s::int) g "
                    "ON CONFLICT (id) DO UPDATE SET balance = excluded.balance", (v, lo, hi))
@@ -79,11 +91,7 @@ def test_deliver_rides_through_state_and_mirror_restarts(
         write_config: Callable[..., PipelineConfig], spark: Any) -> None:
     state, dest = remote
     source_db.execute("CREATE TABLE acct (id int PRIMARY KEY, balance int)")
-    data = mirror_config(source_db.dsn, dest.dsn, ["public.acct"], target="mirror.acct", batch_size=300)
-    data["state"] = {"dsn": state.dsn}
-    data["delivery"] = {"idle_seconds": 0.1, "retry_initial_ms": 200, "retry_max_ms": 1000}
-    config = write_config(data)
-    setup(config)
+    config = _remote_config(source_db, remote, write_config, batch_size=300, retry_ms=(200, 1000))
     for v in range(3):
         _write(source_db, 1, 3000, v)
     drain(config)
@@ -117,3 +125,69 @@ def test_deliver_rides_through_state_and_mirror_restarts(
     print(stats)
     assert stats.outage_retries >= 2 and stats.parked == 0 and stats.discarded == 0
     assert assert_mirrored(source_db.dsn, "public.acct", dest.dsn, "mirror.acct") > 3000
+
+
+def test_typed_runs_ride_through_the_state_database_ending_their_sessions(
+        source_db: Database, remote: tuple[Database, Database], write_config: Callable[..., PipelineConfig],
+        spark: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """Runs of typed reads are relayed from the state database's COPY (state/typed_log.py): its sessions
+    are ended again and again while runs stream. The same Deliverer rides through (waiting for the state
+    database, not blaming the destination), and the mirror ends equal to the source."""
+    from cdc_pipeline_tests.integration.test_backfill import backfill
+
+    state, dest = remote
+    source_db.execute("CREATE TABLE acct (id int PRIMARY KEY, balance int, note text)")
+    source_db.execute("INSERT INTO acct SELECT g, g, repeat(E'x\\t', 40) FROM generate_series(1, 20000) g")
+    config = _remote_config(source_db, remote, write_config, batch_size=500, retry_ms=(100, 500))
+    backfill(config, "public.acct")
+    with psycopg.connect(state.dsn) as conn:
+        typed = conn.execute("SELECT count(*) FROM cdc_pipeline.change_log WHERE tup IS NOT NULL").fetchone()
+    assert typed == (20000,)  # all of them typed reads: every batch is a relayed run
+    deliverer = Deliverer(config, config.sink("mirror"), spark)
+    run = Background(lambda: deliverer.run(until_idle=False), deliverer.stop)
+    ended = 0
+    try:
+        start = _offset(config)
+        wait_until(lambda: _offset(config) != start, 60, "the first runs")
+        with psycopg.connect(state.dsn, autocommit=True) as admin:
+            for _ in range(15):
+                row = admin.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = %s "
+                                    "AND pid <> pg_backend_pid() AND backend_type = 'client backend'",
+                                    (state.name,)).fetchone()
+                ended += row[0] if row else 0
+                time.sleep(0.2)
+        wait_until(lambda: _caught_up(config), 120, "delivery after the state database's sessions ended")
+        assert run.is_alive(), run.error
+        stats: DeliveryStats = run.finish()
+    finally:
+        deliverer.stop()
+    print(stats, ended)
+    assert ended >= 10 and stats.outage_retries >= 1 and stats.parked == 0
+    waits = [r.getMessage() for r in caplog.records if r.getMessage().startswith("deliver: sink mirror: waiting")]
+    assert waits and all("waiting for the state database" in w for w in waits), waits
+    assert assert_mirrored(source_db.dsn, "public.acct", dest.dsn, "mirror.acct") == 20000
+
+
+def test_a_sink_ahead_of_the_state_is_recorded_at_start(
+        source_db: Database, db_factory: Callable[[], Database], write_config: Callable[..., PipelineConfig],
+        spark: Any) -> None:
+    """The mirror records its position in its own transaction, before the state's offset commit: a crash
+    between the two leaves the state behind. The next delivery starts from the mirror's position and
+    records it in the state at once, so `status` shows no lag although nothing new arrives."""
+    from cdc_pipeline_tests.helpers import deliver
+
+    dest = db_factory()
+    source_db.execute("CREATE TABLE acct (id int PRIMARY KEY, balance int)")
+    config = write_config(mirror_config(source_db.dsn, dest.dsn, ["public.acct"], target="mirror.acct"))
+    setup(config)
+    source_db.execute("INSERT INTO acct SELECT g, g FROM generate_series(1, 50) g")
+    drain(config)
+    assert deliver(config, spark).delivered == 50
+    with psycopg.connect(config.state_dsn) as conn:  # the state's offset commit of the last batch was lost
+        conn.execute("UPDATE cdc_pipeline.sink_offsets SET commit_lsn = 0, commit_idx = -1, delivered = 0")
+    assert status.collect(config)["sinks"]["mirror"]["lag_messages"] == 50
+    stats = deliver(config, spark)
+    assert stats.delivered == 0  # nothing sent again
+    sink = status.collect(config)["sinks"]["mirror"]
+    assert sink["lag_messages"] == 0 and sink["delivered"] == 50
+    assert assert_mirrored(source_db.dsn, "public.acct", dest.dsn, "mirror.acct") == 50

@@ -1,0 +1,60 @@
+"""Relaying runs of typed reads to a sink that writes them as they are: a mixin of the Deliverer.
+
+A run of typed reads at the head of the sink's log (state/typed_log.py) is streamed from the state
+database's COPY into the sink's (``deliver_typed_run``) and the offset advanced past it, with no message per
+row. It is not relayed while one of the sink's groups has a parked message, and a run the sink rejects is
+applied by no one: the caller then sends the run message by message, which holds or parks what it must
+(ordering.py).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import psycopg
+
+from cdc_pipeline.config import SinkConfig
+from cdc_pipeline.delivery.outage import Liveness
+from cdc_pipeline.delivery.stats import DeliveryStats
+from cdc_pipeline.sinks.base import Sink
+from cdc_pipeline.state.store import Position, Store
+from cdc_pipeline.state.typed_log import TypedRun
+
+log = logging.getLogger(__name__)
+
+
+class Relaying:
+    sink_config: SinkConfig
+    store: Store
+    sink: Sink | None
+    _live: Liveness
+    _waiting: bool
+
+    def _relay(self, conn: psycopg.Connection, source: psycopg.Connection, run: TypedRun, after: Position,
+               stats: DeliveryStats) -> bool:
+        """A run of typed reads relayed from the log to a sink that takes it whole (no message per row), when
+        none of the sink's groups is parked. False: nothing was delivered (rejected by the destination, or
+        a parked group): the caller sends the run message by message."""
+        name = self.sink_config.name
+        take = getattr(self.sink, "deliver_typed_run", None)
+        if take is None or (self.sink_config.message_grouping and self.store.parked_groups(conn, name)):
+            return False
+        assert self.sink is not None
+        self.sink.hold_position_below(None)  # nothing of the run is parked
+        with self.store.relay_rows(source, self.sink_config.tables, after, run, name) as blocks:
+            error = take(run, blocks)
+        source.commit()
+        if error is not None:
+            log.info("sink %s: a run of %d typed reads was rejected (%s); delivering it message by message",
+                     name, run.count, error[:200])
+            return False
+        self._live.saw([None])
+        self.store.advance_offset(conn, name, run.last, run.count, 0, 0, run.last_commit_ts)
+        if self._waiting:
+            self.store.set_waiting(conn, name, None)
+            self._waiting = False
+        conn.commit()
+        stats.batches += 1
+        stats.read += run.count
+        stats.delivered += run.count
+        return True
