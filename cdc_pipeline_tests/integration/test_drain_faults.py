@@ -229,7 +229,7 @@ def test_reconciliation_longer_than_wal_sender_timeout(fdb: Database, write_conf
     slow_pages = []
     original = Reconciler._reconcile
 
-    def slow(self: Reconciler, *args: Any) -> int:  # fault hook: pages that take 1.5x wal_sender_timeout
+    def slow(self: Reconciler, *args: Any) -> tuple[int, int]:  # fault hook: pages that take 1.5x wal_sender_timeout
         if len(slow_pages) < 3:
             time.sleep(WAL_SENDER_TIMEOUT_S * 1.5)
         slow_pages.append(1)

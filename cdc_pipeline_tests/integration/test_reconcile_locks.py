@@ -34,10 +34,10 @@ def test_pause_does_not_wait_for_the_next_source_transaction(source_db, db_facto
 
     inside, release = threading.Event(), threading.Event()
 
-    def block(*_: object) -> int:
+    def block(*_: object) -> tuple[int, int]:
         inside.set()
         release.wait(60)
-        return 0
+        return 0, 0  # (positions taken, rows logged)
 
     drain = Drain(config, {BLOCK: block})
     errors: list[BaseException] = []
