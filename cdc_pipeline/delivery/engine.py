@@ -220,9 +220,12 @@ class Deliverer(Staging, Parking, Relaying):
                         self._resyncs += backlog.start_resync(self.config, self.sink_config, list(self.sink_config.tables))
                 if not self.dry_run:
                     self._retry_due(conn, stats)
+                prefetched = ahead is not None
                 staged = ahead.result() if ahead is not None else self._load_and_stage(loader, offset)
                 ahead = None
                 if staged.batch.num_rows == 0 and staged.run is None:
+                    if prefetched:  # looked for while the last batch was sent: look again before waiting
+                        continue
                     if until_idle and not any(t.is_alive() for t in self._resyncs):
                         break
                     if not idle:  # once per idle spell: what a long-running delivery is waiting for
