@@ -166,9 +166,7 @@ class Deliverer(Staging, Parking, Relaying):
                 if self.sink is not None:
                     held = self.sink.position()
                     if held is not None and held > offset:  # the sink committed before we did: record it
-                        tables = self.sink_config.tables
-                        done = (self.store.count_after(conn, tables, offset, sink=name)
-                                - self.store.count_after(conn, tables, held, sink=name))
+                        done = self.store.count_after(conn, self.sink_config.tables, offset, sink=name, upto=held)
                         self.store.advance_offset(conn, name, held, done, 0, 0, None)
                         offset = held
                 conn.commit()

@@ -114,11 +114,14 @@ class Store(SchemaStore):
         return (int(row[0]), int(row[1])) if row else (0, -1)
 
     def count_after(self, conn: psycopg.Connection, tables: Sequence[str], after: Position,
-                    sink: str | None = None) -> int:
+                    sink: str | None = None, upto: Position | None = None) -> int:
+        """A sink's messages after ``after`` (and up to ``upto``, when given)."""
+        last = upto or (2**63 - 1, 2**31 - 1)
         row = conn.execute(sql.SQL(
             "SELECT count(*) FROM {}.change_log WHERE (commit_lsn, commit_idx) > (%s, %s) "
+            "AND (commit_lsn, commit_idx) <= (%s, %s) "
             "AND table_schema || '.' || table_name = ANY(%s) {routing}").format(self.s, routing=self._routing(sink)),
-            (after[0], after[1], list(tables), *_sink(sink))).fetchone()
+            (after[0], after[1], last[0], last[1], list(tables), *_sink(sink))).fetchone()
         return int(row[0]) if row else 0
 
     def backlog(self, conn: psycopg.Connection, tables: Sequence[str], after: Position, sink: str, limit: int) -> int:
