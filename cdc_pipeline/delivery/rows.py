@@ -23,20 +23,53 @@ KeyColumns = Callable[[str], Sequence[str]]
 
 def coalesce(batch: pa.Table, deletes: bool) -> pa.Table:
     """The last log entry of each row in the batch, in log order, with `changes` emptied; rows without a
-    key stay as they are."""
+    key stay as they are. A kept update carries the columns the row's dropped entries set that it lacks
+    (unchanged TOAST values, `_carry_dropped`)."""
     if batch.num_rows == 0:
         return batch
     row_key = pc.binary_join_element_wise(batch.column("table_schema"), batch.column("table_name"),
                                           batch.column("pk"), "|", null_handling="emit_null")
     indexed = pa.table({"k": row_key, "i": pa.array(range(batch.num_rows), pa.int64())})
     keyed = indexed.filter(pc.is_valid(indexed.column("k")))
-    last = keyed.group_by("k").aggregate([("i", "max")]).column("i_max").combine_chunks()
+    groups = keyed.group_by("k").aggregate([("i", "max"), ("i", "count")])
+    last = groups.column("i_max").combine_chunks()
     unkeyed = indexed.filter(pc.is_null(indexed.column("k"))).column("i").combine_chunks()
     keep = pa.concat_arrays([last.cast(pa.int64()), unkeyed.cast(pa.int64())])
+    several = groups.filter(pc.greater(groups.column("i_count"), 1)).column("k")
+    if len(several):
+        batch = _carry_dropped(batch, keyed.filter(pc.is_in(keyed.column("k"), several.combine_chunks())))
     out = batch.take(pc.take(keep, pc.sort_indices(keep)))
     actions = ["insert", "update", "read", *(["delete"] if deletes else [])]
     out = out.filter(pc.is_in(out.column("action"), pa.array(actions)))
     return out.set_column(out.schema.get_field_index("changes"), "changes", pa.nulls(out.num_rows, pa.string()))
+
+
+def _carry_dropped(batch: pa.Table, entries: pa.Table) -> pa.Table:
+    """An update's record lacks the columns it left unchanged when they are TOASTed. When coalescing
+    drops earlier entries of the row, the kept update takes over the columns they carried (since the
+    row's last insert, read or delete), so a value set by a dropped update is not lost."""
+    actions, records = batch.column("action"), batch.column("record")
+    carried: dict[object, dict[str, object] | None] = {}
+    replaced: dict[int, str] = {}
+    for key, i in zip(entries.column("k").to_pylist(), entries.column("i").to_pylist(), strict=True):
+        action, text = actions[i].as_py(), records[i].as_py()
+        if action == "delete" or text is None:
+            carried[key] = None if action == "delete" else {}
+            continue
+        record = _loads(text)
+        if not isinstance(record, dict):
+            continue
+        before = carried.get(key)
+        if action == "update" and before and not before.keys() <= record.keys():
+            record = {**before, **record}
+            replaced[i] = _json(record)
+        carried[key] = record
+    if not replaced:
+        return batch
+    values = records.to_pylist()
+    for i, text in replaced.items():
+        values[i] = text
+    return batch.set_column(batch.schema.get_field_index("record"), "record", pa.array(values, pa.string()))
 
 
 def _json(value: object) -> str:

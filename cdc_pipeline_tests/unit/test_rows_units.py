@@ -46,3 +46,17 @@ def test_row_message_shape_is_robust_to_look_alike_columns_and_keeps_digits():
     assert rows._row_message(shaped, None) == '{"total":12345678901234567890.123456789,"id":1}'
     assert json.loads(rows._row_message(shaped, '{"id":1}')) == {
         "record": {"id": 1}, "deleted": True, "total": 12345678901234567890.123456789, "id": 1}
+
+
+def test_coalesce_carries_columns_a_dropped_update_set():
+    """`big` is absent from the later updates (an unchanged TOAST value): the kept one takes it over
+    from the dropped update that set it, but not across a delete."""
+    batch = log_batch([("insert", "[1]", '{"id":1,"v":1,"big":"old"}'), ("update", "[1]", '{"id":1,"v":2,"big":"new"}'),
+                       ("update", "[1]", '{"id":1,"v":3}'), ("update", "[2]", '{"id":2,"v":1,"big":"x"}'),
+                       ("delete", "[2]", '{"id":2}'), ("insert", "[2]", '{"id":2,"v":5,"big":"y"}'),
+                       ("update", "[2]", '{"id":2,"v":6}'), ("update", "[3]", '{"id":3,"n":1.50}'),
+                       ("update", "[3]", '{"id":3,"v":1}')])
+    out = rows.coalesce(batch, deletes=False)
+    got = [json.loads(r) for r in out.column("record").to_pylist()]
+    assert got == [{"id": 1, "v": 3, "big": "new"}, {"id": 2, "v": 6, "big": "y"}, {"id": 3, "n": 1.50, "v": 1}]
+    assert '"n":1.50' in out.column("record")[2].as_py()  # digits kept
