@@ -32,6 +32,7 @@ OFFSETS_SCHEMA = "cdc_pipeline_sink"
 FIRST_USER_OID = 16384  # types above this (enums, domains, composites) may not exist in the destination
 STAGE_WORK_MEM = "128MB"  # per sort/hash of one batch, for this transaction only
 _TRANSIENT = (psycopg.OperationalError, psycopg.errors.ConnectionTimeout)
+_REJECTED = (psycopg.Error, typed.TypedMismatch)  # a failure of the messages applied, not of the sink
 
 
 class _RunMismatch(Exception):
@@ -98,7 +99,7 @@ class PostgresSink(Sink):
             try:
                 if bad:
                     self._apply(batch[:bad])
-            except psycopg.Error as exc:
+            except _REJECTED as exc:
                 if isinstance(exc, _TRANSIENT):
                     raise
                 assert self.conn is not None
@@ -129,7 +130,7 @@ class PostgresSink(Sink):
                 self._record(run.last)
         except _TRANSIENT as exc:
             raise SinkUnavailable(f"postgres sink {self.name!r}: {type(exc).__name__}: {exc}") from exc
-        except (psycopg.Error, _RunMismatch) as exc:
+        except (*_REJECTED, _RunMismatch) as exc:
             self.conn.rollback()
             self._shapes.clear()  # tables created in the rolled-back transaction are gone
             return f"{type(exc).__name__}: {str(exc).strip()[:500]}"
@@ -143,7 +144,7 @@ class PostgresSink(Sink):
             if error is None:
                 try:
                     self._apply([m])
-                except psycopg.Error as exc:
+                except _REJECTED as exc:
                     if isinstance(exc, _TRANSIENT):
                         raise
                     error = f"{type(exc).__name__}: {str(exc).strip()[:500]}"

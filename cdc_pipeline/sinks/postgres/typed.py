@@ -33,6 +33,11 @@ STAGE_DDL = ("CREATE TEMP TABLE IF NOT EXISTS _cdc_typed (seq integer, sch text,
              "ON COMMIT DELETE ROWS")
 
 
+class TypedMismatch(ValueError):
+    """These typed reads do not fit the mirror table any more (its key was renamed since they were read):
+    a failure of those messages, never of the sink."""
+
+
 def stage(conn: psycopg.Connection, rows: Sequence[tuple[int, TypedRow]]) -> list[Columns]:
     """COPY the typed reads of a batch into ``_cdc_typed``; their shapes, by shape number."""
     shapes: dict[Columns, int] = {}
@@ -97,7 +102,8 @@ def apply_run(conn: psycopg.Connection, target: tuple[str, str], info: TableInfo
     have = {c.name for c in info.columns}
     names = [c for c, _ in columns if c in have]
     if not set(pk) <= set(names):
-        raise ValueError(f"typed reads of {schema}.{name} do not hold its key {list(pk)}")
+        raise TypedMismatch(f"typed reads of {schema}.{name} do not hold its key {list(pk)} (renamed since they "
+                            "were read?): backfill the table again, then discard these")
     row_type = _row_type(conn, columns)
     key = sql.SQL(", ").join(sql.SQL("(q.v).{}").format(sql.Identifier(k)) for k in pk)
     on = sql.SQL(" AND ").join(sql.SQL("t.{k} = s.{k}").format(k=sql.Identifier(k)) for k in pk)
