@@ -61,13 +61,17 @@ def _drop(admin_dsn: str, name: str) -> None:
 
 
 @pytest.fixture
-def db_factory(pg_admin_dsn: str) -> Iterator[Callable[[], Database]]:
+def db_factory(pg_admin_dsn: str) -> Iterator[Callable[..., Database]]:
     made: list[str] = []
 
-    def make() -> Database:
+    def make(encoding: str | None = None) -> Database:
         name = f"t_{uuid.uuid4().hex[:12]}"
         with psycopg.connect(pg_admin_dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+            if encoding is None:
+                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+            else:  # another encoding needs the C locale and template0
+                conn.execute(sql.SQL("CREATE DATABASE {} ENCODING {} LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0")
+                             .format(sql.Identifier(name), sql.Literal(encoding)))
         made.append(name)
         return Database(pg_admin_dsn, name)
 

@@ -1,7 +1,8 @@
 """Database sessions: the options every cdc_pipeline session shares, connects, advisory locks, pools.
 
 Every session gets:
-  * the value-printing settings readers and writers of record JSON must agree on (capture/json_text.py);
+  * the value-printing settings readers and writers of record JSON must agree on (capture/json_text.py),
+    and client_encoding UTF8 (text crosses sessions as bytes);
   * a connect timeout, and TCP keepalives on both ends: client side (libpq ``keepalives*``,
     ``tcp_user_timeout``) so a dead server is noticed, server side (``tcp_keepalives_*``,
     ``tcp_user_timeout`` via ``options``) so a partitioned client's backend, and with it its advisory
@@ -22,7 +23,11 @@ import psycopg
 from psycopg import conninfo as ci
 
 # Sessions that read or write record JSON must agree on how values print (see capture/json_text.py).
-JSON_OPTIONS = ("-c TimeZone=UTC", "-c DateStyle=ISO,YMD", "-c IntervalStyle=postgres")
+# And on the bytes of text: typed reads are relayed as COPY bytes from the state session into a mirror's
+# (delivery/relay.py), so every session speaks UTF-8 and each server converts to its own encoding (a
+# character a LATIN1 mirror cannot hold is then that message's error, not a changed character).
+JSON_OPTIONS = ("-c TimeZone=UTC", "-c DateStyle=ISO,YMD", "-c IntervalStyle=postgres", "-c client_encoding=UTF8")
+CLIENT_ENCODING = "UTF8"
 SESSION_OPTIONS = " ".join(JSON_OPTIONS)
 
 CONNECT_TIMEOUT_S = 10
@@ -50,6 +55,7 @@ def conninfo(dsn: str, *, statement_timeout_ms: int | None = None, lock_timeout_
     forced = [*JSON_OPTIONS, *(DURABLE if durable else ())]  # these must hold whatever the user set
     user = str(params.get("options") or "").strip()
     params["options"] = " ".join([*defaults, *([user] if user else []), *forced])
+    params["client_encoding"] = CLIENT_ENCODING  # over PGCLIENTENCODING and the DSN's own
     params.setdefault("connect_timeout", str(CONNECT_TIMEOUT_S))
     for key, value in CLIENT_KEEPALIVES.items():
         params.setdefault(key, value)
