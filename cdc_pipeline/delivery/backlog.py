@@ -4,7 +4,9 @@ When a sink's oldest undelivered change is older than the limit:
 
 * a row stream (`stream: rows`) is re-synchronised: its offset jumps to the log's head (so retention
   may delete the log behind it) and a backfill of each of its tables, for this sink only, runs beside
-  the delivery. Rows are states, so the backfill's reads plus the changes after the head make the sink
+  the delivery. The backfills are registered in the same state transaction as the offset move, so a
+  resync that cannot start (source down, a conflicting backfill, a kill) moves nothing: the backlog is
+  delivered from the log meanwhile and the resync is tried again at the next check. Rows are states, so the backfill's reads plus the changes after the head make the sink
   whole again. The backfill is resumed by the next delivery run if this one stops first.
 * a change stream cannot be re-created from the table: delivery stops with BacklogExceeded, and the
   same message is shown by `status` and the sink's lag check. Its log is kept; nothing is skipped.
@@ -20,6 +22,8 @@ import threading
 import psycopg
 
 from cdc_pipeline.config import PipelineConfig, SinkConfig
+from cdc_pipeline.postgres import session
+from cdc_pipeline.state.backfills import BackfillError, BackfillStore
 from cdc_pipeline.state.store import Position, Store
 
 log = logging.getLogger(__name__)
@@ -56,7 +60,17 @@ def enforce(config: PipelineConfig, sink: SinkConfig, store: Store, conn: psycop
     if age is None or age <= config.state.max_backlog_hours * 3600:
         return offset, False
     head = store.log_head(conn, sink.tables, sink=sink.name)
-    store.advance_offset(conn, sink.name, head, 0, 0, 0, None)
+    try:  # the offset moves past the log only with the resync backfills that replace it: one transaction
+        registered = _move_and_register(config, sink, store, conn, head)
+    except (psycopg.OperationalError, BackfillError) as exc:
+        conn.rollback()
+        log.warning("sink %s is %.2f h behind (more than state.max_backlog_hours) but its resync cannot start "
+                    "(%s): delivering its backlog from the log meanwhile; tried again in %.0f s",
+                    sink.name, age / 3600, " ".join(str(exc).split())[:300], CHECK_SECONDS)
+        return offset, False
+    bf = BackfillStore(config.state.schema_name)
+    for backfill_id in registered:  # the runner threads take them over (start_resync)
+        bf.release(conn, backfill_id)
     conn.commit()
     log.warning("sink %s was %.2f h behind (more than state.max_backlog_hours): re-synchronising it from its "
                 "tables with a backfill; its offset moves from %s:%s to the log head %s:%s",
@@ -64,13 +78,40 @@ def enforce(config: PipelineConfig, sink: SinkConfig, store: Store, conn: psycop
     return head, True
 
 
+def _move_and_register(config: PipelineConfig, sink: SinkConfig, store: Store, conn: psycopg.Connection,
+                       head: Position) -> list[str]:
+    """Move the sink's offset to ``head`` and register (claim) the resync backfill of each of its tables, in
+    one committed transaction of ``conn``; the backfills' ids (their runner locks still held by ``conn``).
+    The tables' keys are read from the source first: a source that cannot be reached, or a conflicting
+    active backfill, raises with nothing moved or registered."""
+    from cdc_pipeline.backfill.engine import BackfillRequest, resolve, table_shape
+
+    specs = [resolve(config, BackfillRequest(table, sinks=(sink.name,), origin=ORIGIN)) for table in sink.tables]
+    with session.connect(config.source.dsn, autocommit=True, application_name="cdc_pipeline.backfill") as src:
+        shapes = [table_shape(src, spec) for spec in specs]
+    backfills = BackfillStore(config.state.schema_name)
+    claimed: list[str] = []
+    try:
+        store.advance_offset(conn, sink.name, head, 0, 0, 0, None)  # opens the transaction the claims join
+        for spec, shape in zip(specs, shapes, strict=True):
+            backfill_id, _ = backfills.claim(conn, spec, shape.primary_key, shape.keyset, ORIGIN, None,
+                                             max_parallel=config.backfill.max_parallel)
+            claimed.append(backfill_id)
+        conn.commit()
+    except BaseException:
+        conn.rollback()
+        for backfill_id in claimed:  # their rows rolled back with the transaction; their runner locks did not
+            backfills.release(conn, backfill_id)
+        conn.commit()
+        raise
+    return claimed
+
+
 def resync_tables(config: PipelineConfig, sink: SinkConfig, conn: psycopg.Connection, started: bool) -> list[str]:
     """The tables to backfill for the sink: all of them after a new resync, else those whose resync
     backfill is still active (a previous delivery run stopped before it finished)."""
     if started:
         return list(sink.tables)
-    from cdc_pipeline.state.backfills import BackfillStore
-
     active = BackfillStore(config.state.schema_name).list(conn, active_only=True)
     conn.commit()
     return [f"{b.schema_name}.{b.table_name}" for b in active

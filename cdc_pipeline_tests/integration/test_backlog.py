@@ -8,6 +8,7 @@ import time
 import psycopg
 import pytest
 from dagster import AssetKey
+from psycopg import conninfo
 
 from cdc_pipeline import status
 from cdc_pipeline.defs.health import SINK_LAG_CHECK, sink_checks, sink_figures
@@ -113,3 +114,29 @@ def test_a_running_delivery_that_falls_behind_stops_loudly(source_db, db_factory
         offset = Store("cdc_pipeline").sink_offset(conn, "mirror")
     assert offset > (0, -1)  # it delivered some, then stopped; the rest is kept in the log
     assert len(rows(dest.dsn, "mirror.t")) < 60
+
+
+def test_a_resync_that_cannot_start_skips_nothing(source_db, db_factory, write_config, spark):
+    """The source is unreachable when a row stream's resync should start: no backfill is registered, so
+    its offset does not move past the log either (the backlog is delivered from it): nothing skipped."""
+    dest = db_factory()
+    source_db.execute("CREATE TABLE t (id int PRIMARY KEY, v int)")
+    data = mirror_config(source_db.dsn, dest.dsn, ["public.t"], stream="rows")
+    data["state"] = {"dsn": source_db.dsn, "max_backlog_hours": LIMIT_HOURS}
+    config = write_config(data)
+    setup(config)
+    source_db.execute("INSERT INTO t SELECT g, 1 FROM generate_series(1, 10) g")
+    drain(config)
+    deliver(config, spark)
+    source_db.execute("UPDATE t SET v = 2")
+    drain(config)
+    with psycopg.connect(config.state_dsn) as conn:
+        head = Store("cdc_pipeline").log_head(conn, ["public.t"])
+    time.sleep(1.5)  # the backlog is now older than the limit
+    # A port nothing listens on: the source is down (the state database is up).
+    down = {**data, "source": {**data["source"], "dsn": conninfo.make_conninfo(source_db.dsn, port="1")}}
+    deliver(write_config(down, "down.yaml"), spark)
+    with psycopg.connect(config.state_dsn) as conn:
+        assert Store("cdc_pipeline").sink_offset(conn, "mirror") == head  # delivered, not skipped
+        assert conn.execute("SELECT count(*) FROM cdc_pipeline.backfills").fetchone() == (0,)
+    assert {r["v"] for r in rows(dest.dsn, "mirror.t")} == {2}
