@@ -13,8 +13,9 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import IO
 
@@ -45,6 +46,14 @@ from cdc_pipeline.state.typed_rows import Columns, shapes_of
 __all__ = ["Deliverer", "DeliveryStats", "SinkBusy"]
 
 log = logging.getLogger(__name__)
+
+TURN_WAIT_SECONDS = 1.0  # a send waiting for a replay looks at its stop event this often
+
+
+def send_lock(sink: str) -> str:
+    """Held by a delivery around each send and by a replay for its whole run: the two never interleave."""
+    return f"cdc_pipeline.send:{sink}"
+
 
 class SinkBusy(RuntimeError):
     pass
@@ -217,7 +226,11 @@ class Deliverer(Staging, Parking, Relaying):
                         offset = new_offset
                         self._resyncs += backlog.start_resync(self.config, self.sink_config, list(self.sink_config.tables))
                 if not self.dry_run:
-                    self._retry_due(conn, stats)
+                    with self._turn(conn) as turn:
+                        if turn:
+                            self._retry_due(conn, stats)
+                    if not turn:
+                        break
                 prefetched = ahead is not None
                 staged = ahead.result() if ahead is not None else self._load_and_stage(loader, offset)
                 ahead = None
@@ -235,13 +248,51 @@ class Deliverer(Staging, Parking, Relaying):
                     continue
                 idle = False
                 if staged.run is not None:  # relayed from the loader's connection: nothing loads meanwhile
-                    offset = self._send(conn, staged, stats, source=loader)
+                    with self._turn(conn) as turn:
+                        if turn:
+                            offset = self._send(conn, staged, stats, source=loader)
+                    if not turn:
+                        break
                     continue
                 ahead = pool.submit(self._load_and_stage, loader, staged.last)
-                offset = self._send(conn, staged, stats)
+                with self._turn(conn) as turn:
+                    if turn:
+                        offset = self._send(conn, staged, stats)
+                if not turn:
+                    break
             if ahead is not None:
                 ahead.result()  # let the loader finish before its connection closes
         return offset
+
+    @contextmanager
+    def _turn(self, conn: psycopg.Connection) -> Iterator[bool]:
+        """The sink's send lock around one send: a replay holds it for its whole run (delivery/replay.py), so
+        its old versions never land between live ones. False: stopped while a replay held it."""
+        if self.dry_run:
+            yield True
+            return
+        name = send_lock(self.sink_config.name)
+        waited = False
+        while not session.wait_lock(conn, name, TURN_WAIT_SECONDS):
+            if self._stop.is_set():
+                yield False
+                return
+            if not waited:
+                log.info("sink %s: waiting for a replay of this sink to finish", self.sink_config.name)
+                waited = True
+        def release() -> None:
+            if conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
+                conn.rollback()
+            session.unlock(conn, name)
+            conn.commit()
+
+        try:
+            yield True
+        except BaseException:
+            with suppress(psycopg.Error):  # the send's own error is the one to report
+                release()
+            raise
+        release()
 
     def _load_and_stage(self, conn: psycopg.Connection, offset: Position, limit: int | None = None) -> Staged:
         """The next micro-batch after ``offset``: for a sink that takes typed rows, the run at the head of its

@@ -3,7 +3,10 @@
 The window's log rows go through the sink's own stage (same filter, transform, route, stream shape)
 to the sink, in commit order, so the sink receives the same messages with the same idempotency keys
 as the first time. Only what the sink already had is replayed (up to its offset); its offset, parked
-messages and every other sink are left alone, so the sink then simply continues where it was. A window
+messages and every other sink are left alone, so the sink then simply continues where it was. The replay
+holds the sink's send lock for its whole run, so live delivery of the sink pauses between two of its
+sends and nothing of the two interleaves; a sink that holds rows (a mirror) is replayed from the window's
+start up to its offset, so it never ends older than its offset says. A window
 reaching back before what retention deleted is refused, naming the oldest replayable time.
 """
 
@@ -17,7 +20,7 @@ from typing import Any
 
 from cdc_pipeline.config import ConfigError, PipelineConfig
 from cdc_pipeline.config.base import qualify
-from cdc_pipeline.delivery.engine import Deliverer, messages_from
+from cdc_pipeline.delivery.engine import Deliverer, messages_from, send_lock
 from cdc_pipeline.delivery.spark_stage import SinkPlan
 from cdc_pipeline.postgres import session
 from cdc_pipeline.sinks.base import Sink
@@ -25,6 +28,8 @@ from cdc_pipeline.state.replay_log import load_window, oldest_retained, trimmed_
 from cdc_pipeline.state.store import Position
 
 log = logging.getLogger(__name__)
+
+LOCK_WAIT_SECONDS = 5.0  # how often a replay waiting for the sink's send lock says so
 
 
 class ReplayRefused(RuntimeError):
@@ -42,12 +47,14 @@ class ReplayStats:
     failed: int = 0
     errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    after_window: int = 0  # a mirror's: read after the window, up to the offset
 
     def as_metadata(self) -> dict[str, Any]:
         return {"sink": self.sink, "from": self.start.isoformat(), "to": self.end.isoformat() if self.end else None,
                 "messages_read": self.read, "messages_delivered": self.delivered,
                 "messages_filtered": self.filtered, "messages_failed": self.failed,
-                "first_errors": self.errors[:5], "seconds": round(self.seconds, 2)}
+                "messages_after_window": self.after_window, "first_errors": self.errors[:5],
+                "seconds": round(self.seconds, 2)}
 
 
 def parse_time(value: str) -> datetime:
@@ -85,21 +92,30 @@ def replay(config: PipelineConfig, sink_name: str, start: datetime, end: datetim
             raise ReplayRefused(
                 f"sink {sink_name!r}: cannot replay from {start.isoformat()}: retention deleted the log up to "
                 f"{trimmed.isoformat()}; the oldest replayable time is {oldest.isoformat()}")
-        upto = store.sink_offset(conn, sink_name)  # later changes reach the sink by normal delivery
         conn.commit()
         target = deliverer.sink
         assert target is not None
         target.open()
         try:
+            # Live delivery of the sink sends nothing until the replay is done (engine.Deliverer._turn), so
+            # the offset read now stays put and no live send lands between the replay's.
+            while not session.wait_lock(conn, send_lock(sink_name), LOCK_WAIT_SECONDS):
+                log.info("replay of sink %s: waiting for its delivery's current send", sink_name)
+            upto = max(store.sink_offset(conn, sink_name), target.position() or (0, -1))
+            conn.commit()
+            # A mirror holds one version per row: replaying the window alone would leave the rows changed
+            # after it older than the offset, so it is replayed from the window's start up to the offset.
+            through = end if not target.holds_rows else None
             target.prepare(lambda t: store.table_info(conn, t))
             bind = getattr(target, "bind_state", None)
             if bind is not None:
                 bind(conn, config.state.schema_name)
             after: Position = (0, -1)
             log.info("replaying %s changes committed in [%s, %s) to sink %s (up to its offset %s:%s)",
-                     ",".join(tables), start, end or "now", sink_name, *upto)
+                     ",".join(tables), start, through or "now", sink_name, *upto)
             while True:
-                batch = load_window(conn, store, tables, sink_name, start, end, after, upto, deliverer.batch_size)
+                batch = load_window(conn, store, tables, sink_name, start, through, after, upto,
+                                    deliverer.batch_size)
                 schemas = deliverer._schemas(conn) if batch.num_rows else {}
                 conn.commit()
                 if batch.num_rows == 0:
@@ -110,6 +126,9 @@ def replay(config: PipelineConfig, sink_name: str, start: datetime, end: datetim
                 results = deliverer._deliver(messages)
                 conn.commit()  # http_pull: the queued messages
                 stats.read += batch.num_rows
+                if end is not None and through is None:
+                    ts = batch.column("commit_ts")
+                    stats.after_window += sum(1 for t in ts.to_pylist() if t >= end)
                 stats.delivered += sum(1 for r in results if r is None)
                 failures = [r for r in results if r is not None] + [err for _, _, err in stage_failed]
                 stats.failed += len(failures)

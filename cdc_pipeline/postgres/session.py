@@ -95,6 +95,20 @@ def lock_within(conn: psycopg.Connection, name: str, seconds: float) -> bool:
     return True
 
 
+def wait_lock(conn: psycopg.Connection, name: str, seconds: float) -> bool:
+    """Take the session-level advisory lock ``name``, waiting up to ``seconds`` in the server's lock queue
+    (waiters are served in arrival order, and show in pg_locks as not granted). ``conn`` must not be in
+    autocommit mode and must have nothing uncommitted: the wait is its own transaction."""
+    conn.execute("SELECT set_config('lock_timeout', %s, true)", (f"{max(1, int(seconds * 1000))}ms",))
+    try:
+        conn.execute(f"SELECT pg_advisory_lock({LOCK_KEY_SQL})", (name,))
+    except psycopg.errors.LockNotAvailable:
+        conn.rollback()
+        return False
+    conn.commit()
+    return True
+
+
 def unlock(conn: psycopg.Connection, name: str) -> None:
     conn.execute(f"SELECT pg_advisory_unlock({LOCK_KEY_SQL})", (name,))
 

@@ -102,6 +102,9 @@ class Sink(abc.ABC):
     # Pipelines a call's messages (sends before earlier ones are acknowledged): the engine hands it at
     # most one message per group per call (see the module doc).
     one_per_group: ClassVar[bool] = False
+    # Holds the latest version of each row (a mirror), not a history: a replay continues past its window
+    # up to the sink's offset, so the destination ends where its offset says (delivery/replay.py).
+    holds_rows: bool = False
 
     # open/close/prepare are optional hooks (empty on purpose): a sink overrides only what it needs.
     def open(self) -> None:  # noqa: B027

@@ -45,6 +45,7 @@ class PostgresSink(Sink):
         self.dest = sink_config.destination  # type: ignore[attr-defined]
         self.mode: str = self.dest.mode
         self.takes_typed_rows = self.mode == "mirror"  # backfill reads as typed rows (sinks/postgres/typed.py)
+        self.holds_rows = self.mode == "mirror"
         self.conn: psycopg.Connection | None = None
         self._describe: Callable[[str], TableInfo | None] = lambda table: None
         self._shapes: dict[str, tuple[str, ...]] = {}  # target table -> columns it was synced to
