@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import psycopg
@@ -25,17 +25,58 @@ from cdc_pipeline.backfill.watermark import WATERMARK_PREFIX, Watermark, page_to
 from cdc_pipeline.postgres import catalog
 from cdc_pipeline.postgres.compose import escape_percent
 from cdc_pipeline.postgres.keyset import count_query, page_query
+from cdc_pipeline.postgres.pgtypeinfo import TextRule
 from cdc_pipeline.state.backfill_pages import PageStore
 from cdc_pipeline.state.backfills import BackfillSpec
-from cdc_pipeline.state.relations import upsert_relation
+from cdc_pipeline.state.relations import column_record, upsert_relation
 from cdc_pipeline.state.typed_rows import Columns
 
 COPY_BLOCK = 1 << 20
-# jsonb refuses a NUL escape that a `json` value may hold: such a row is read through to_json (which keeps
-# json values as they are) with each escape turned into an escaped backslash, as the drain logs it
-# (capture/json_text.py: escape_nul).
-_NUL_ESCAPE = sql.Literal(r"(?<!\\)((?:\\\\)*)\\u0000")
-_ESCAPED_NUL = sql.Literal(r"\1\\\\u0000")
+# A `json` value jsonb refuses is read as the drain logs it (capture/json_text.py: json_text): NUL escapes
+# turned into escaped backslashes, or, when jsonb still refuses it, the JSON string of its exact text. Only
+# values that may be refused (a \u escape, an exponent, a long text) go through the function, whose
+# exception block costs a subtransaction.
+_JSON_FUNCTION = sql.SQL(r"""
+CREATE OR REPLACE FUNCTION pg_temp.cdc_pipeline_json(j json) RETURNS jsonb LANGUAGE plpgsql IMMUTABLE AS $f$
+BEGIN
+    RETURN regexp_replace(j::text, '(?<!\\)((?:\\\\)*)\\u0000', '\1\\\\u0000', 'g')::jsonb;
+EXCEPTION WHEN others THEN
+    RETURN to_jsonb(j::text);
+END
+$f$""")
+_JSON_SUSPECT = sql.Literal(r"\\u|[0-9.][eE]")
+_TEXT_RULE_SQL: dict[TextRule, str] = {
+    TextRule.ALWAYS: "{c}::text",
+    TextRule.JSON: r"regexp_replace({c}::text, '(?<!\\)((?:\\\\)*)\\u0000', '\1\\\\u0000', 'g')",
+    TextRule.JSON_NULL: "CASE WHEN {c}::text = 'null' THEN 'null' END",
+    TextRule.NEGATIVE_ZERO: "CASE WHEN {c}::text = '-0' THEN '-0' END",
+    TextRule.BOUNDS: "CASE WHEN left({c}::text, 1) = '[' THEN {c}::text END",
+}
+
+
+def _json_record(shape: TableShape, col: Callable[[str], sql.Composable]) -> sql.Composable:
+    """The row's record as to_jsonb makes it, its `json` values read as the drain logs them."""
+    def value(c: str) -> sql.Composable:
+        if c not in shape.json_columns:
+            return col(c)
+        return sql.SQL("CASE WHEN {v}::text ~ {suspect} OR length({v}::text) > 16383 "
+                       "THEN pg_temp.cdc_pipeline_json({v}) ELSE {v}::jsonb END").format(v=col(c), suspect=_JSON_SUSPECT)
+
+    return sql.SQL("(SELECT to_jsonb(_cdc_row.*) FROM (SELECT {}) _cdc_row)").format(sql.SQL(", ").join(
+        sql.SQL("{} AS {}").format(value(c), sql.Identifier(escape_percent(c))) for c in shape.columns))
+
+
+def _texts(shape: TableShape, col: Callable[[str], sql.Composable]) -> sql.Composable:
+    """The texts a mirror needs of the row's values (a JSON object, NULL when none), as the drain logs them
+    (capture/changes.py)."""
+    if not shape.text_rules:
+        return sql.SQL("NULL::jsonb")
+    pairs = [sql.SQL("{}, {}").format(sql.Literal(escape_percent(c)), sql.SQL(_TEXT_RULE_SQL[rule]).format(c=col(c)))
+             for c, rule in shape.text_rules]
+    # jsonb_build_object takes at most 100 arguments: 50 columns per call.
+    objects = [sql.SQL("jsonb_build_object({})").format(sql.SQL(", ").join(pairs[i:i + 50]))
+               for i in range(0, len(pairs), 50)]
+    return sql.SQL("nullif(jsonb_strip_nulls({}), '{{}}')").format(sql.SQL(" || ").join(objects))
 
 
 def _render(conn: psycopg.Connection, query: sql.Composable, params: Sequence[object]) -> str:
@@ -51,34 +92,40 @@ def page_sql(conn: psycopg.Connection, shape: TableShape, backfill_id: str, page
     row only.
 
     ``pk`` is the JSON array text of the key as the drain writes it (``[1, "a"]``); ``record`` is
-    ``to_jsonb`` of the row, as the drain's records are; or, with ``typed`` (the columns of a typed read,
-    backfill/typed.py), ``record`` is NULL and ``tup`` the row's composite text.
+    ``to_jsonb`` of the row, as the drain's records are, and ``texts`` what a mirror needs besides; or, with
+    ``typed`` (the columns of a typed read, backfill/typed.py), ``record`` is NULL and ``tup`` the row's
+    composite text.
     """
     inner, inner_params = page_query(shape.schema, shape.name, None, shape.keyset, after=cursor, limit=limit,
                                      lower=[start] if start is not None else None, upper=end,
                                      sort_nullable=shape.sort_nullable)
-    col = {c: sql.SQL("p.{}").format(sql.Identifier(escape_percent(c))) for c in (*shape.keyset, *shape.primary_key)}
+    def column(c: str) -> sql.Composable:
+        return sql.SQL("p.{}").format(sql.Identifier(escape_percent(c)))
+
+    col = {c: column(c) for c in (*shape.keyset, *shape.primary_key)}
     record: sql.Composable = sql.SQL("to_jsonb(p)")
-    if shape.has_json:
-        record = sql.SQL("regexp_replace(to_json(p)::text, {}, {}, 'g')::jsonb").format(_NUL_ESCAPE, _ESCAPED_NUL)
+    if shape.json_columns:
+        record = _json_record(shape, column)
+    texts = _texts(shape, column)
     params: list[object] = [backfill_id, page_no]
     tup: sql.Composable = sql.SQL("NULL::text")
     if typed is not None:
-        record = sql.SQL("NULL::jsonb")
+        record = texts = sql.SQL("NULL::jsonb")
         tup = sql.SQL("ROW({})::text").format(
             sql.SQL(", ").join(sql.SQL("p.{}").format(sql.Identifier(escape_percent(c))) for c, _ in typed))
-    elif shape.generated:  # pgoutput does not send generated columns; nor do reads
+    elif shape.generated and not shape.json_columns:  # pgoutput does not send generated columns; nor do reads
         record = sql.SQL("({} - %s::text[])").format(record)
         params.append(list(shape.generated))
     # Typed as the staging table's columns: binary COPY carries values in their own types' formats.
     query = sql.SQL(
-        "SELECT %s::text, %s::integer, (row_number() OVER w)::integer, jsonb_build_array({pk})::text, {record}, {tup}, "
+        "SELECT %s::text, %s::integer, (row_number() OVER w)::integer, jsonb_build_array({pk})::text, {record}, {tup}, {texts}, "
         "CASE WHEN lead(true) OVER w IS NULL THEN jsonb_build_array({cursor})::text END "
         "FROM ({inner}) p WINDOW w AS (ORDER BY {order})"
     ).format(
         pk=sql.SQL(", ").join(col[k] for k in shape.primary_key),
         record=record,
         tup=tup,
+        texts=texts,
         cursor=sql.SQL(", ").join(sql.SQL("{}::text").format(col[k]) for k in shape.keyset),
         inner=inner,
         order=sql.SQL(", ").join(col[k] for k in shape.keyset),
@@ -148,6 +195,11 @@ class PageReader:
         src.execute("SET LOCAL extra_float_digits = 1")
         return self.typed
 
+    def _prepare(self, src: psycopg.Connection) -> None:
+        """The session's helper for `json` columns (a temporary function: nothing is left in the source)."""
+        if self.shape.json_columns and self.typed is None:
+            src.execute(_JSON_FUNCTION)
+
     def read_and_stage(self, src: psycopg.Connection, state: psycopg.Connection, bid: str, page_no: int,
                        cursor: list[str] | None, size: int) -> Page:
         pages = PageStore(self.schema)
@@ -157,6 +209,7 @@ class PageReader:
             # page's own transaction, so the rows never leave the server.
             with src.transaction():
                 snap, read_at = src.execute("SELECT pg_current_snapshot()::text, now()").fetchone()  # type: ignore[misc]
+                self._prepare(src)
                 select = page_sql(src, self.shape, bid, page_no, cursor, self.spec.start, self.spec.end, size,
                                   self._page_shape(src))
                 src.execute(timeout)
@@ -177,6 +230,7 @@ class PageReader:
         before = last = b""
         with state.transaction(), src.transaction():
             snap, read_at = src.execute("SELECT pg_current_snapshot()::text, now()").fetchone()  # type: ignore[misc]
+            self._prepare(src)
             select = page_sql(src, self.shape, bid, page_no, cursor, self.spec.start, self.spec.end, size,
                               self._page_shape(src))
             src.execute(timeout)
@@ -234,8 +288,8 @@ class PageReader:
                           (shape.schema, shape.name)).fetchone()
         if info is None or row is None:
             return
-        columns = [{"name": c.name, "type_oid": c.type_oid, "type_sql": c.type_sql,
-                    "key": info.replica_identity == "f" or c.in_primary_key}
-                   for c in info.columns if c.name not in shape.generated]
+        types = catalog.load_types(src, {c.type_oid for c in info.columns})
+        columns = [column_record(c.name, c.type_oid, c.type_sql, info.replica_identity == "f" or c.in_primary_key,
+                                 types) for c in info.columns if c.name not in shape.generated]
         upsert_relation(state, self.schema, shape.schema, shape.name, int(row[0]), info.replica_identity, columns,
                         info.primary_key, replace=False)

@@ -8,6 +8,7 @@ import psycopg
 
 from cdc_pipeline.config import PipelineConfig
 from cdc_pipeline.postgres import catalog
+from cdc_pipeline.postgres.pgtypeinfo import JsonKind, TextRule, json_kind, mirror_plan
 from cdc_pipeline.state.backfills import BackfillError, BackfillSpec
 
 
@@ -33,7 +34,10 @@ class TableShape:
     sort_nullable: bool
     generated: tuple[str, ...]
     sort_indexed: bool
-    has_json: bool = False  # a `json` column: values may hold NUL escapes (see backfill/reader.py)
+    columns: tuple[str, ...] = ()  # the columns a record holds (generated ones left out, as pgoutput does)
+    json_columns: tuple[str, ...] = ()  # `json` columns: jsonb may refuse a value (capture/json_text.py)
+    # Columns whose values may need their text in the log for a mirror (postgres/pgtypeinfo.py: TextRule).
+    text_rules: tuple[tuple[str, TextRule], ...] = ()
 
 
 def resolve(config: PipelineConfig, request: BackfillRequest) -> BackfillSpec:
@@ -72,11 +76,16 @@ def table_shape(conn: psycopg.Connection, spec: BackfillSpec) -> TableShape:
         f"SELECT attname, attnotnull, attgenerated <> '' FROM pg_attribute WHERE attrelid = {rel} "
         "AND attnum > 0 AND NOT attisdropped", (spec.schema_name, spec.table_name)).fetchall()}
     generated = tuple(name for name, (_, gen) in attrs.items() if gen)
-    has_json = any(c.type_oid == 114 for c in info.columns if c.name not in generated)
+    stored = [c for c in info.columns if c.name not in generated]
+    types = catalog.load_types(conn, {c.type_oid for c in stored})
+    values = {"columns": tuple(c.name for c in stored),
+              "json_columns": tuple(c.name for c in stored if json_kind(types[c.type_oid]) is JsonKind.JSON),
+              "text_rules": tuple((c.name, rule) for c in stored
+                                  if (rule := mirror_plan(types[c.type_oid], c.type_sql).rule) is not TextRule.NEVER)}
     sort = spec.sort_column
     if sort is None:
         return TableShape(spec.schema_name, spec.table_name, info.primary_key, info.primary_key, False, generated, True,
-                          has_json)
+                          **values)
     if sort not in attrs:
         raise BackfillError(f"sort column {sort!r} does not exist in {spec.table}")
     row = conn.execute(
@@ -85,4 +94,4 @@ def table_shape(conn: psycopg.Connection, spec: BackfillSpec) -> TableShape:
         (spec.schema_name, spec.table_name, sort)).fetchone()
     keyset = (sort, *(k for k in info.primary_key if k != sort))
     return TableShape(spec.schema_name, spec.table_name, info.primary_key, keyset, not attrs[sort][0], generated,
-                      bool(row and row[0]), has_json)
+                      bool(row and row[0]), **values)

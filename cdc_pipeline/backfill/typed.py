@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import psycopg
 
 from cdc_pipeline.config import PipelineConfig, SinkConfig
+from cdc_pipeline.postgres.pgtypeinfo import TYPE_SQL
 from cdc_pipeline.state.typed_rows import Columns
 
 FIRST_USER_OID = 16384
@@ -57,7 +58,7 @@ def typed_columns(conn: psycopg.Connection, schema: str, table: str) -> Columns 
             return None
         if kind == "e":
             out.append((str(name), "text[]" if is_array else "text"))
-        elif int(base_oid) < FIRST_USER_OID and kind == "b":
+        elif int(base_oid) < FIRST_USER_OID and kind == "b" and TYPE_SQL.fullmatch(str(type_sql)):
             out.append((str(name), str(type_sql)))
         else:
             return None

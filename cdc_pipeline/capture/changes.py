@@ -5,14 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from cdc_pipeline.capture.json_text import Fragment, fragment_for, quote_name
+from cdc_pipeline.capture.json_text import Fragment, escape_nul, fragment_for, fragment_for_type, quote_name
 from cdc_pipeline.postgres.pgoutput import UNCHANGED_TOAST, Delete, Insert, Relation, Update
+from cdc_pipeline.postgres.pgtypeinfo import PgType, TextRule, mirror_plan
 
-# (commit_lsn, commit_idx, xid, table_schema, table_name, action, pk, record, changes, commit_ts, backfill_id)
-LogRow = tuple[int, int, int, str, str, str, str | None, str | None, str | None, datetime, str | None]
+# (commit_lsn, commit_idx, xid, table_schema, table_name, action, pk, record, changes, commit_ts, backfill_id,
+#  texts)
+LogRow = tuple[int, int, int, str, str, str, str | None, str | None, str | None, datetime, str | None, str | None]
 LOG_COLUMNS = (
     "commit_lsn", "commit_idx", "xid", "table_schema", "table_name", "action", "pk", "record", "changes",
-    "commit_ts", "backfill_id",
+    "commit_ts", "backfill_id", "texts",
 )
 
 
@@ -28,9 +30,14 @@ class RelationShape:
     keys: tuple[str, ...]  # JSON-quoted column names followed by ':'
     encoders: tuple[Fragment, ...]
     pk_idx: tuple[int, ...]
+    # Per column: when a value's text goes into the log's `texts` for a mirror (postgres/pgtypeinfo.py).
+    text_rules: tuple[TextRule, ...] = ()
 
     @classmethod
-    def from_relation(cls, rel: Relation, primary_key: tuple[str, ...] | None) -> RelationShape:
+    def from_relation(cls, rel: Relation, primary_key: tuple[str, ...] | None,
+                      types: dict[int, PgType] | None = None) -> RelationShape:
+        """``types``: the columns' types from the catalog (catalog.load_types); without them, built-in types
+        are known by OID and every other value is its text as a JSON string."""
         names = tuple(c.name for c in rel.columns)
         if primary_key and all(k in names for k in primary_key):
             pk_idx = tuple(names.index(k) for k in primary_key)
@@ -43,8 +50,11 @@ class RelationShape:
             columns=names,
             type_oids=tuple(c.type_oid for c in rel.columns),
             keys=tuple(quote_name(n) + ":" for n in names),
-            encoders=tuple(fragment_for(c.type_oid) for c in rel.columns),
+            encoders=tuple(fragment_for_type(types[c.type_oid]) if types and c.type_oid in types
+                           else fragment_for(c.type_oid) for c in rel.columns),
             pk_idx=pk_idx,
+            text_rules=tuple(mirror_plan(types[c.type_oid], "").rule if types and c.type_oid in types
+                             else TextRule.NEVER for c in rel.columns),
         )
 
 
@@ -59,6 +69,14 @@ def _encode(shape: RelationShape, values: tuple[object, ...]) -> list[str | None
         else:
             out.append(enc(v))  # type: ignore[arg-type]
     return out
+
+
+def _texts(shape: RelationShape, values: tuple[object, ...]) -> str | None:
+    """The texts a mirror needs of this row's values (a JSON object), or None."""
+    pairs = [k + quote_name(escape_nul(v.decode()) if rule is TextRule.JSON else v.decode())
+             for k, rule, v in zip(shape.keys, shape.text_rules, values, strict=False)
+             if rule is not TextRule.NEVER and isinstance(v, bytes) and rule.wants(v)]  # not NULL, not TOAST
+    return "{" + ",".join(pairs) + "}" if pairs else None
 
 
 def _record(shape: RelationShape, frags: list[str | None]) -> str:
@@ -80,18 +98,20 @@ def row_change(
     if isinstance(msg, Insert):
         frags = _encode(shape, msg.new)
         return (lsn, idx, xid, shape.schema, shape.name, "insert", _pk(shape, frags), _record(shape, frags),
-                None, ts, None)
+                None, ts, None, _texts(shape, msg.new))
     if isinstance(msg, Delete):
         frags = _encode(shape, msg.old)
         return (lsn, idx, xid, shape.schema, shape.name, "delete", _pk(shape, frags), _record(shape, frags),
-                None, ts, None)
+                None, ts, None, _texts(shape, msg.old))
     new = _encode(shape, msg.new)
+    raw_new = msg.new
     changes = "{}"
     if msg.old is not None:
         old = _encode(shape, msg.old)
         if msg.old_kind == "O":
             # REPLICA IDENTITY FULL: an unchanged TOAST value can be filled from the old tuple.
             new = [o if n is None else n for n, o in zip(new, old, strict=True)]
+            raw_new = tuple(o if n is UNCHANGED_TOAST else n for n, o in zip(msg.new, msg.old, strict=True))
             pairs = [
                 (k, o) for k, o, n, raw_old in zip(shape.keys, old, new, msg.old, strict=True)
                 if o is not None and raw_old is not UNCHANGED_TOAST and o != n
@@ -100,8 +120,8 @@ def row_change(
             pairs = [(shape.keys[i], old[i]) for i in shape.pk_idx if old[i] != new[i] and old[i] is not None]
         changes = "{" + ",".join(k + o for k, o in pairs) + "}"  # type: ignore[operator]
     return (lsn, idx, xid, shape.schema, shape.name, "update", _pk(shape, new), _record(shape, new),
-            changes, ts, None)
+            changes, ts, None, _texts(shape, raw_new))
 
 
 def truncate_row(shape: RelationShape, lsn: int, idx: int, xid: int, ts: datetime) -> LogRow:
-    return (lsn, idx, xid, shape.schema, shape.name, "truncate", None, None, None, ts, None)
+    return (lsn, idx, xid, shape.schema, shape.name, "truncate", None, None, None, ts, None, None)

@@ -15,7 +15,7 @@ import psycopg
 
 from cdc_pipeline.capture.changes import RelationShape
 from cdc_pipeline.postgres import catalog, pgoutput
-from cdc_pipeline.state.relations import recorded_primary_key, upsert_relation
+from cdc_pipeline.state.relations import column_record, recorded_primary_key, upsert_relation
 
 log = logging.getLogger(__name__)
 
@@ -44,9 +44,11 @@ def learn_relation(rel: pgoutput.Relation, source: psycopg.Connection, state: ps
                     "ALTER TABLE %s.%s REPLICA IDENTITY DEFAULT (or FULL)", rel.namespace, rel.name,
                     {"i": "USING INDEX", "n": "NOTHING"}.get(rel.replica_identity, rel.replica_identity),
                     ", ".join(key), rel.namespace, rel.name)
+    types = catalog.load_types(source, {c.type_oid for c in rel.columns})
     if write:
-        types = {c.name: c.type_sql for c in info.columns} if info else {}
-        columns = [{"name": c.name, "type_oid": c.type_oid, "key": bool(c.flags & 1), "type_sql": types.get(c.name)}
+        type_sql = {c.name: c.type_sql for c in info.columns} if info else {}
+        columns = [column_record(c.name, c.type_oid, type_sql.get(c.name), bool(c.flags & 1), types)
                    for c in rel.columns]
         upsert_relation(state, schema, rel.namespace, rel.name, rel.relation_id, rel.replica_identity, columns, key)
-    return RelationShape.from_relation(rel, key or None)
+    return RelationShape.from_relation(rel, key or None, types)
+

@@ -14,7 +14,7 @@ import json
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cdc_pipeline.delivery.spark_stage import SinkPlan, consumer_id, takes_truncate
+from cdc_pipeline.delivery.spark_stage import SinkPlan, consumer_id, takes_texts, takes_truncate
 
 
 def _quoted(column: pa.ChunkedArray | pa.Array) -> pa.Array:
@@ -25,7 +25,7 @@ def _quoted(column: pa.ChunkedArray | pa.Array) -> pa.Array:
     return pc.fill_null(pc.take(literals, encoded.indices), "null")
 
 
-def _payloads(sink_name: str, batch: pa.Table) -> pa.Array:
+def _payloads(sink_name: str, batch: pa.Table, texts: bool = False) -> pa.Array:
     """Each row's message JSON (the Spark stage's bytes)."""
     lsn = pc.cast(batch.column("commit_lsn"), pa.string())
     idx = pc.cast(batch.column("commit_idx"), pa.string())
@@ -42,7 +42,8 @@ def _payloads(sink_name: str, batch: pa.Table) -> pa.Array:
         ',"commit_timestamp":"', stamp,
         'Z","commit_lsn":', lsn, ',"commit_idx":', idx,
         ',"idempotency_key":"', key, '","consumer":', consumer,
-        ',"backfill_id":', _quoted(batch.column("backfill_id")), "}}",
+        ',"backfill_id":', _quoted(batch.column("backfill_id")), "}",
+        *([',"texts":', pc.fill_null(batch.column("texts"), "null")] if texts else []), "}",
     ]
     n = batch.num_rows
     return pc.binary_join_element_wise(*[pa.array([p] * n, pa.string()) if isinstance(p, str) else p for p in parts],
@@ -59,7 +60,7 @@ def run_arrow_stage(plan: SinkPlan, batch: pa.Table) -> pa.Table:
     if typed is not None and typed_count == n:  # typed reads only: the sink reads their typed rows
         payload = pa.repeat("", n)
     else:
-        payload = _payloads(sink.name, batch)
+        payload = _payloads(sink.name, batch, takes_texts(sink) and "texts" in batch.column_names)
         if typed is not None and typed_count:
             payload = pc.if_else(typed, "", payload)
     if sink.message_grouping:

@@ -129,13 +129,14 @@ def _metadata(sink_name: str) -> Column:
     )
 
 
-def _raw_payload(record: str, changes: str, metadata: Column) -> Column:
+def _raw_payload(record: str, changes: str, metadata: Column, texts: bool = False) -> Column:
     # The record is spliced in as the exact JSON the log holds: no numeric precision is lost.
     return F.concat(
         F.lit('{"record":'), F.coalesce(F.col(record), F.lit("null")),
         F.lit(',"changes":'), F.coalesce(F.col(changes), F.lit("null")),
         F.lit(',"action":"'), F.col("action"),
-        F.lit('","metadata":'), F.to_json(metadata, _JSON_OPTIONS), F.lit("}"),
+        F.lit('","metadata":'), F.to_json(metadata, _JSON_OPTIONS),
+        *([F.lit(',"texts":'), F.coalesce(F.col("texts"), F.lit("null"))] if texts else []), F.lit("}"),
     )
 
 
@@ -185,7 +186,7 @@ def run_stage(spark: SparkSession, plan: SinkPlan, batch: pa.Table,
                   | ((F.col("action") == "truncate") & F.lit(takes_truncate(sink))))
     if not plan.needs_record:
         out = df.select("commit_lsn", "commit_idx", _default_group(plan, None).alias("group_key"),
-                        F.lit(None).cast("string").alias("route"), _raw_payload("record", "changes", _metadata(sink.name)).alias("payload"))
+                        F.lit(None).cast("string").alias("route"), _raw_payload("record", "changes", _metadata(sink.name), takes_texts(sink)).alias("payload"))
         return _sorted(out.toArrow())
     parts: list[DataFrame] = []
     tables = sorted({f"{s}.{t}" for s, t in zip(batch.column("table_schema").to_pylist(),
@@ -209,7 +210,7 @@ def run_stage(spark: SparkSession, plan: SinkPlan, batch: pa.Table,
             visible = [c for c in part.columns if c not in HIDDEN_COLUMNS]
             payload = F.to_json(F.struct(*visible), _JSON_OPTIONS)
         else:
-            payload = _raw_payload("record_json", "changes_json", F.col("metadata"))
+            payload = _raw_payload("record_json", "changes_json", F.col("metadata"), takes_texts(sink))
         parts.append(part.select("commit_lsn", "commit_idx", "group_key", "route", payload.alias("payload")))
     if not parts:
         return empty_output()
@@ -221,7 +222,7 @@ def run_stage(spark: SparkSession, plan: SinkPlan, batch: pa.Table,
 
 # Columns a python transform's result carries for delivery, not for the message body.
 HIDDEN_COLUMNS = {"commit_lsn", "commit_idx", "group_key", "route", "record_json", "changes_json", "xid", "pk",
-           "table_schema", "table_name", "commit_ts", "backfill_id"}
+           "table_schema", "table_name", "commit_ts", "backfill_id", "texts"}
 _OUTPUT_TYPES = {"commit_lsn": pa.int64(), "commit_idx": pa.int32(), "group_key": pa.string(),
                  "route": pa.string(), "payload": pa.string()}
 
@@ -234,6 +235,13 @@ def takes_truncate(sink: SinkConfig) -> bool:
     # TRUNCATE is not a message action; only a mirror can act on it.
     d = sink.destination
     return d.type == "postgres" and d.mode == "mirror"
+
+
+def takes_texts(sink: SinkConfig) -> bool:
+    """A mirror's messages carry the log's ``texts`` (values whose JSON does not give the mirror the source's
+    value back; postgres/pgtypeinfo.py) under a ``texts`` key no consumer sees. Not with a transform: the
+    values it computes are the ones to write."""
+    return takes_truncate(sink) and not sink.transform
 
 
 def _sorted(table: pa.Table) -> pa.Table:

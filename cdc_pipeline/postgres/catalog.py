@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg
+
+from cdc_pipeline.postgres.pgtypeinfo import PgType, unknown
 
 # Storage other than 'p' (plain) means values can be TOASTed out of line.
 _COLUMNS = """
@@ -40,6 +44,7 @@ class ColumnInfo:
     type_oid: int
     toastable: bool
     in_primary_key: bool
+    mirror_type: str | None = None  # the type a Postgres mirror gives it (pgtypeinfo.mirror_plan), when recorded
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,3 +140,51 @@ def publication_actions(conn: psycopg.Connection, publication: str) -> dict[str,
     row = conn.execute("SELECT pubinsert, pubupdate, pubdelete, pubtruncate FROM pg_publication WHERE pubname = %s",
                        (publication,)).fetchone()
     return dict(zip(("insert", "update", "delete", "truncate"), row or (True,) * 4, strict=True))
+
+
+# One pg_type row per type: what it is and what it refers to (a domain's base, an array's element, a
+# composite's attributes), so load_types can follow the references level by level.
+_TYPES = """
+SELECT t.oid, format_type(t.oid, NULL), t.typtype,
+       CASE WHEN t.typsubscript = 'array_subscript_handler'::regproc THEN t.typelem END,
+       nullif(t.typbasetype, 0), t.typtypmod,
+       CASE WHEN t.typbasetype <> 0 THEN format_type(t.typbasetype, t.typtypmod) END,
+       (SELECT coalesce(array_agg(a.attname::text ORDER BY a.attnum), '{}') FROM pg_attribute a
+         WHERE t.typtype = 'c' AND a.attrelid = t.typrelid AND a.attnum > 0 AND NOT a.attisdropped),
+       (SELECT coalesce(array_agg(a.atttypid::bigint ORDER BY a.attnum), '{}') FROM pg_attribute a
+         WHERE t.typtype = 'c' AND a.attrelid = t.typrelid AND a.attnum > 0 AND NOT a.attisdropped),
+       t.typdelim
+FROM pg_type t WHERE t.oid = ANY(%s::oid[])
+"""
+
+
+def load_types(conn: psycopg.Connection, oids: Iterable[int]) -> dict[int, PgType]:
+    """The types ``oids`` with everything they refer to, as PgType trees (a type the catalog no longer
+    holds comes back as ``pgtypeinfo.unknown``: rendered as its text)."""
+    rows: dict[int, tuple[Any, ...]] = {}
+    wanted = {int(o) for o in oids}
+    while wanted:
+        found = conn.execute(_TYPES, (sorted(wanted),)).fetchall()
+        for row in found:
+            rows[int(row[0])] = row
+        wanted = {int(o) for row in found for o in (row[3], row[4], *row[8]) if o is not None} - set(rows)
+        wanted -= {o for o in wanted if o in rows}
+    built: dict[int, PgType] = {}
+
+    def build(oid: int, depth: int = 0) -> PgType:
+        if oid in built:
+            return built[oid]
+        row = rows.get(oid)
+        if row is None or depth > 50:  # dropped since, or a pathological chain
+            return unknown(oid)
+        _, sql, kind, element, base, typmod, base_sql, names, attr_oids, delimiter = row
+        t = PgType(oid, str(sql), str(kind),
+                   element=build(int(element), depth + 1) if element is not None else None,
+                   base=build(int(base), depth + 1) if base is not None else None,
+                   base_typmod=int(typmod), base_sql=str(base_sql or ""),
+                   attributes=tuple((str(n), build(int(a), depth + 1)) for n, a in zip(names, attr_oids, strict=True)),
+                   delimiter=str(delimiter))
+        built[oid] = t
+        return t
+
+    return {o: build(o) for o in {int(x) for x in oids}}

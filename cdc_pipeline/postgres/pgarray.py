@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from functools import cache
 from itertools import product
 from typing import Final, TypeAlias
 
@@ -16,14 +17,23 @@ __all__ = ["ElementParser", "parse_array"]
 # e.g. U+00A0, which PostgreSQL leaves unquoted inside elements.
 _WS = " \t\n\r\v\f"
 _NEEDS_GENERAL_PARSER: Final = re.compile(rf'["\\{_WS}]')
-_TOKEN: Final = re.compile(
-    rf"""[{_WS}]*(?:
-        (?P<open>\{{) | (?P<close>\}}) | (?P<comma>,)
-      | "(?P<quoted>(?:[^"\\]|\\.)*)"
-      | (?P<bare>(?:[^{{}},"\\{_WS}]|\\.)+(?:[{_WS}]+(?:[^{{}},"\\{_WS}]|\\.)+)*)
-    )[{_WS}]*""",
-    re.VERBOSE | re.DOTALL,
-)
+
+
+@cache
+def _token(delimiter: str) -> re.Pattern[str]:
+    """The tokenizer for arrays whose elements are separated by ``delimiter`` (pg_type.typdelim: ',' for
+    every built-in type but box, ';')."""
+    d = re.escape(delimiter)
+    return re.compile(
+        rf"""[{_WS}]*(?:
+            (?P<open>\{{) | (?P<close>\}}) | (?P<comma>{d})
+          | "(?P<quoted>(?:[^"\\]|\\.)*)"
+          | (?P<bare>(?:[^{{}}{d}"\\{_WS}]|\\.)+(?:[{_WS}]+(?:[^{{}}{d}"\\{_WS}]|\\.)+)*)
+        )[{_WS}]*""",
+        re.VERBOSE | re.DOTALL,
+    )
+
+
 _UNESCAPE: Final = re.compile(r"\\(.)", re.DOTALL)
 # Unquoted NULL is case-insensitive in array_in; a set of all 16 spellings is one hash lookup.
 _NULLS: Final = frozenset("".join(chars) for chars in product(*zip("NULL", "null", strict=True)))
@@ -31,7 +41,7 @@ _NULLS: Final = frozenset("".join(chars) for chars in product(*zip("NULL", "null
 ElementParser: TypeAlias = Callable[[str], object] | None  # None: elements stay str
 
 
-def parse_array(text: str, element: ElementParser = None) -> list[object]:
+def parse_array(text: str, element: ElementParser = None, delimiter: str = ",") -> list[object]:
     """Parse a PostgreSQL array literal into (nested) lists; NULL elements become None.
 
     ``element`` converts each non-NULL element string. Explicit bounds decoration ("[0:1]={...}",
@@ -52,17 +62,17 @@ def parse_array(text: str, element: ElementParser = None) -> list[object]:
         # Fast path, the common output shape: one dimension, nothing quoted or escaped.
         if text == "{}":
             return []
-        items = text[1:-1].split(",")
+        items = text[1:-1].split(delimiter)
         if "" in items:
             raise ValueError(f"malformed array literal: {text[:50]!r}")
         if element is None:
             return [None if item in _NULLS else item for item in items]
         return [None if item in _NULLS else element(item) for item in items]
-    return _parse_array_general(text, element)
+    return _parse_array_general(text, element, delimiter)
 
 
-def _parse_array_general(text: str, element: ElementParser) -> list[object]:
-    match = _TOKEN.match
+def _parse_array_general(text: str, element: ElementParser, delimiter: str = ",") -> list[object]:
+    match = _token(delimiter).match
     end = len(text)
     pos = 0
     root: list[object] | None = None

@@ -26,7 +26,8 @@ from psycopg import conninfo as ci
 # And on the bytes of text: typed reads are relayed as COPY bytes from the state session into a mirror's
 # (delivery/relay.py), so every session speaks UTF-8 and each server converts to its own encoding (a
 # character a LATIN1 mirror cannot hold is then that message's error, not a changed character).
-JSON_OPTIONS = ("-c TimeZone=UTC", "-c DateStyle=ISO,YMD", "-c IntervalStyle=postgres", "-c client_encoding=UTF8")
+JSON_OPTIONS = ("-c TimeZone=UTC", "-c DateStyle=ISO,YMD", "-c IntervalStyle=postgres", "-c extra_float_digits=1",
+                "-c bytea_output=hex", "-c client_encoding=UTF8")
 CLIENT_ENCODING = "UTF8"
 SESSION_OPTIONS = " ".join(JSON_OPTIONS)
 

@@ -14,7 +14,7 @@ from cdc_pipeline.state.base import Position, SchemaStore
 class PageStore(SchemaStore):
     def rows_table(self) -> sql.Composed:
         """The staged-rows table and its columns, as COPY and INSERT ... SELECT name them."""
-        return sql.SQL("{}.backfill_rows (backfill_id, page_no, seq, pk, record, tup, cursor)").format(self.s)
+        return sql.SQL("{}.backfill_rows (backfill_id, page_no, seq, pk, record, tup, texts, cursor)").format(self.s)
 
     def record_page(self, conn: psycopg.Connection, bid: str, page_no: int, snapshot: str, read_at: datetime,
                     size: int, rows: int, read_ms: float, cursor: list[str] | None) -> None:

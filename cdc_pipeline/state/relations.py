@@ -8,6 +8,8 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from cdc_pipeline.postgres.pgtypeinfo import PgType, mirror_plan
+
 
 def upsert_relation(conn: psycopg.Connection, schema: str, table_schema: str, table_name: str, relation_id: int,
                     replica_identity: str, columns: Sequence[dict[str, object]], primary_key: Sequence[str],
@@ -30,3 +32,12 @@ def recorded_primary_key(conn: psycopg.Connection, schema: str, table_schema: st
     row = conn.execute(sql.SQL("SELECT primary_key FROM {}.relations WHERE table_schema = %s AND table_name = %s")
                        .format(sql.Identifier(schema)), (table_schema, table_name)).fetchone()
     return tuple(row[0]) if row and row[0] else ()
+
+
+def column_record(name: str, type_oid: int, type_sql: str | None, key: bool,
+                  types: dict[int, PgType]) -> dict[str, object]:
+    """A column as the `relations` table records it, with the type a Postgres mirror gives it
+    (postgres/pgtypeinfo.py: mirror_plan)."""
+    t = types.get(type_oid)
+    mirror = mirror_plan(t, type_sql).sql if t is not None and type_sql else None
+    return {"name": name, "type_oid": type_oid, "key": key, "type_sql": type_sql, "mirror_type": mirror}

@@ -207,6 +207,12 @@ MIGRATIONS: list[str] = [
     END
     $$;
     """,
+    # 8: the source's text of the values whose JSON does not give a mirror the source's value back
+    # (postgres/pgtypeinfo.py: TextRule), as a JSON object by column; NULL for most rows.
+    """
+    ALTER TABLE {s}.change_log ADD COLUMN IF NOT EXISTS texts jsonb;
+    ALTER TABLE {s}.backfill_rows ADD COLUMN IF NOT EXISTS texts jsonb;
+    """,
 ]
 
 

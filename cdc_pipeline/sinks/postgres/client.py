@@ -320,15 +320,15 @@ class PostgresSink(Sink):
             "CREATE TEMP TABLE _cdc_effects ON COMMIT DROP AS "
             "WITH e AS ("
             "  SELECT s.seq * 2 AS seq, 'delete' AS kind, s.msg->'record' || coalesce(nullif(s.msg->'changes', 'null'), '{{}}') AS rec,"
-            "         true AS full_state"
+            "         NULL::jsonb AS texts, true AS full_state"
             "  FROM _cdc_stage s WHERE {where} AND s.msg->>'action' = 'update' AND {old_pk} <> {new_pk}"
             "  UNION ALL"
             "  SELECT s.seq * 2 + 1, CASE WHEN {action} = 'delete' THEN 'delete' ELSE 'upsert' END,"
-            "         s.msg->'record', {action} = 'delete' OR s.msg->'record' ?& {cols}"
+            "         s.msg->'record', nullif(s.msg->'texts', 'null'), {action} = 'delete' OR s.msg->'record' ?& {cols}"
             "  FROM _cdc_stage s WHERE {where} AND {action} IN ('insert', 'update', 'delete', 'read')"
             "), k AS (SELECT e.*, {pk_json} AS pkj FROM e),"
             " w AS (SELECT k.*, max(CASE WHEN full_state THEN seq END) OVER (PARTITION BY pkj) AS last_full FROM k)"
-            " SELECT seq, kind, rec, row_number() OVER (PARTITION BY pkj ORDER BY seq) AS layer"
+            " SELECT seq, kind, rec, texts, row_number() OVER (PARTITION BY pkj ORDER BY seq) AS layer"
             " FROM w WHERE seq >= coalesce(last_full, 0)"
         ).format(where=where, old_pk=old_pk_json, new_pk=new_pk_json, pk_json=pk_json,
                  cols=sql.Literal(cols), action=ROW_ACTION))
@@ -340,13 +340,19 @@ class PostgresSink(Sink):
                 c=sql.Identifier(c), name=sql.Literal(c)) for c in cols if c not in pk)
         col_list = sql.SQL(", ").join(map(sql.Identifier, cols))
         values = sql.SQL(", ").join(sql.SQL("s.{}").format(sql.Identifier(c)) for c in cols)
+        # A value the log also holds as text (capture/changes.py: texts) is taken from its text, exactly; the
+        # rest from the record's JSON (without those columns, whose JSON need not fit the mirror's type).
+        exact = sql.SQL(", ").join(
+            sql.SQL("CASE WHEN e.texts ? {name} THEN (e.texts ->> {name})::{type} ELSE r.{c} END AS {c}").format(
+                name=sql.Literal(c.name), type=_column_type(c), c=sql.Identifier(c.name)) for c in info.columns)
         merge = sql.SQL(
-            "MERGE INTO {t} t USING (SELECT e.kind AS _cdc_kind, e.rec AS _cdc_rec, r.* FROM _cdc_effects e, "
-            "jsonb_populate_record(NULL::{t}, e.rec) r WHERE e.layer = %s) s ON {on} "
+            "MERGE INTO {t} t USING (SELECT e.kind AS _cdc_kind, e.rec AS _cdc_rec, {exact} FROM _cdc_effects e, "
+            "jsonb_populate_record(NULL::{t}, CASE WHEN e.texts IS NULL THEN e.rec "
+            "ELSE e.rec - ARRAY(SELECT jsonb_object_keys(e.texts)) END) r WHERE e.layer = %s) s ON {on} "
             "WHEN MATCHED AND s._cdc_kind = 'delete' THEN DELETE "
             + ("WHEN MATCHED THEN UPDATE SET {assign} " if cols != list(pk) else "")
             + "WHEN NOT MATCHED AND s._cdc_kind = 'upsert' THEN INSERT ({cols}) VALUES ({values})"
-        ).format(t=ident, on=on, assign=assign, cols=col_list, values=values)
+        ).format(t=ident, on=on, assign=assign, cols=col_list, values=values, exact=exact)
         for layer in range(1, layers + 1):
             execute(conn, merge, (layer,))
 
@@ -356,7 +362,9 @@ ROW_ACTION = sql.SQL("coalesce(s.msg->>'action', CASE WHEN s.msg->'deleted' = 't
 
 
 def _column_type(column: ColumnInfo) -> sql.Composable:
-    # type_sql comes from the source's own catalog (format_type), not from user input.
+    # type_sql and mirror_type come from the source's own catalog (format_type), not from user input.
+    if column.mirror_type:
+        return sql.SQL(column.mirror_type)
     if column.type_oid >= FIRST_USER_OID:
         return sql.SQL("text[]" if column.type_sql.endswith("[]") else "text")
     return sql.SQL(column.type_sql)

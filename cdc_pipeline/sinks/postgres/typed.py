@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Callable, Iterable, Sequence
 
 import psycopg
@@ -23,10 +22,10 @@ from psycopg import sql
 
 from cdc_pipeline.postgres.catalog import TableInfo
 from cdc_pipeline.postgres.compose import execute
+from cdc_pipeline.postgres.pgtypeinfo import TYPE_SQL
 from cdc_pipeline.sinks.base import TypedRow
 
 Columns = tuple[tuple[str, str], ...]
-_TYPE_SQL = re.compile(r'[a-z][a-z0-9_ ]*(\([0-9, ]+\))?[a-z ]*(\[\])*|"char"(\[\])*')
 JSON_RUN = -1  # the shape number of a run of messages that are not typed reads
 
 STAGE_DDL = ("CREATE TEMP TABLE IF NOT EXISTS _cdc_typed (seq integer, sch text, tbl text, shape integer, tup text) "
@@ -85,7 +84,7 @@ def _row_type(conn: psycopg.Connection, columns: Columns) -> sql.Composable:
     """A temp table whose row type parses composite text of ``columns`` (names and types from the source
     catalog: identifiers quoted, type names from format_type)."""
     for _, type_sql in columns:  # built-in type names only (backfill/typed.py); never anything to execute
-        if not _TYPE_SQL.fullmatch(type_sql):
+        if not TYPE_SQL.fullmatch(type_sql):
             raise ValueError(f"typed row: unexpected column type {type_sql[:80]!r}")
     name = "_cdc_row_" + hashlib.sha256(json.dumps(columns).encode()).hexdigest()[:20]
     ident = sql.Identifier("pg_temp", name)
