@@ -97,7 +97,10 @@ def collect(config: PipelineConfig, conn: psycopg.Connection | None = None) -> d
                 "window_seconds": quota.seconds,
                 "request_interval_seconds": round(quota.interval(factor), 3),
                 "factor": factor,
-                "paused_for_seconds": round(max(0.0, budget["paused_until"] - budget["now"]), 3) if budget else 0.0,
+                # A pause stored beyond the cap (an older version) is held to it at the next request.
+                "paused_for_seconds": round(min(max(0.0, budget["paused_until"] - budget["now"]),
+                                                rl.max_retry_after_seconds), 3) if budget else 0.0,
+                "max_retry_after_seconds": rl.max_retry_after_seconds,
                 "throttled": int(budget["throttled"]) if budget else 0,
                 "computed_max_lag_seconds": round(computed, 3),
                 "max_lag_ceiling_seconds": round(lag_ceiling(source, computed), 3),
@@ -114,7 +117,9 @@ def render(figures: dict[str, Any]) -> list[str]:
             continue
         lines.append(f"api source {name} ({src['type']}): {src['requests_in_window']}/{src['budget_per_window']} "
                      f"requests in the last {src['window_seconds']:g} s; max lag {src['computed_max_lag_seconds']} s "
-                     f"(ceiling {src['max_lag_ceiling_seconds']} s)")
+                     f"(ceiling {src['max_lag_ceiling_seconds']} s)" + (
+                         f"; paused for {src['paused_for_seconds']:g} s (the API's Retry-After or quota, "
+                         f"at most {src['max_retry_after_seconds']:g} s)" if src["paused_for_seconds"] > 0 else ""))
         for cname, c in src["collections"].items():
             progress = "" if c["phase"] != "backfill" else (
                 f" {c['backfill_records']}/{c['backfill_total'] or '?'}")

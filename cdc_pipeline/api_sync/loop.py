@@ -24,7 +24,14 @@ from psycopg import sql
 from cdc_pipeline.api_sync import checkpoint, writer
 from cdc_pipeline.api_sync.adapters import Adapter, build_adapter
 from cdc_pipeline.api_sync.budget_store import SharedBudget
-from cdc_pipeline.api_sync.client import ApiClient, ApiError, Stopped
+from cdc_pipeline.api_sync.client import (
+    ApiClient,
+    ApiError,
+    PermanentApiError,
+    Stopped,
+    Waiter,
+    missing_secrets,
+)
 from cdc_pipeline.api_sync.schema import ensure_api_schema
 from cdc_pipeline.config import ConfigError, PipelineConfig, redact
 from cdc_pipeline.config.api_sources import ApiCollectionConfig, ApiSourceConfig
@@ -73,9 +80,10 @@ class SourceSync:
             ensure_api_schema(state, self.schema)
             dest = state if dest_dsn == self.config.state_dsn else session.connect(dest_dsn, autocommit=True,
                                                                                  application_name="cdc_pipeline api-sync")
+            waiter = Waiter(self.stop, deadline)  # no wait (slot, pause, backoff) outlives --seconds
             budget = SharedBudget(self.config.state_dsn, self.schema, self.source.name, self.source.rate_limit,
-                                  sleep=lambda s: not self.stop.wait(s))
-            client = ApiClient(self.source, budget, self.stop)
+                                  sleep=waiter.wait)
+            client = ApiClient(self.source, budget, waiter)
             try:
                 for coll in self.collections:
                     writer.ensure_table(dest, coll)
@@ -147,6 +155,10 @@ class SourceSync:
                     r.failures = 0
                 except Stopped:
                     return
+                except PermanentApiError as exc:  # stop with the fix; status shows it too
+                    r.cp.last_error = redact(f"{type(exc).__name__}: {exc}")[:500]
+                    checkpoint.save(state, self.schema, r.cp)
+                    raise
                 except (ApiError, httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
                     r.failures += 1
                     r.idle = False
@@ -231,6 +243,11 @@ class ApiSync:
         if not config.api_sources:
             raise ConfigError(f"{config.path or 'config'}: no api_sources configured")
         sources = [config.api_source(source)] if source else list(config.api_sources)
+        missing = [(s.name, name) for s in sources for name in missing_secrets(s)]
+        if missing:  # a config error at start, not a request failing every few seconds forever
+            raise ConfigError("\n".join(
+                f"api source {s}: environment variable {name} is not set (named by its auth); "
+                f"export {name}=... before running api-sync" for s, name in missing))
         self.stop_event = threading.Event()
         self.syncs = [SourceSync(config, s, self.stop_event, collections) for s in sources]
 
