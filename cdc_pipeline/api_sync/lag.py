@@ -3,7 +3,9 @@
 Computed max lag (the seed's figure): the budget allows one request every ``interval`` seconds, shared
 round-robin by the ``n`` collections of a source, so each collection is asked for changes once every
 ``n x interval`` seconds, and a change made just after one poll started is in the table when the next
-poll finishes: ``n x interval`` (plus one request's duration). Observed lag: for every completed poll,
+poll finishes: ``n x interval`` (plus one request's duration). Where deletes are found by a periodic
+listing (REST full id sweep, HubSpot archived objects), a round also carries one page of it while a
+check runs: ``(n + 1) x interval``. Observed lag: for every completed poll,
 the time from the start of the previous completed poll to the end of this one (what a change made right
 after that start waited at most); current lag: now minus the start of the last completed poll (the
 table holds everything changed before that).
@@ -18,6 +20,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
+from cdc_pipeline.api_sync.adapters import ADAPTERS
 from cdc_pipeline.api_sync.budget import Quota
 from cdc_pipeline.api_sync.schema import api_schema_exists
 from cdc_pipeline.config import PipelineConfig
@@ -25,8 +28,9 @@ from cdc_pipeline.config.api_sources import ApiSourceConfig
 from cdc_pipeline.postgres import session
 
 
-def computed_max_lag(collections: int, quota: Quota, factor: float = 1.0) -> float:
-    return collections * quota.interval(factor)
+def computed_max_lag(collections: int, quota: Quota, factor: float = 1.0, sweeps: bool = False) -> float:
+    """One round: every collection's poll, plus one delete-check page when the API needs sweeps."""
+    return (collections + int(sweeps)) * quota.interval(factor)
 
 
 def lag_ceiling(source: ApiSourceConfig, computed: float) -> float:
@@ -66,7 +70,7 @@ def collect(config: PipelineConfig, conn: psycopg.Connection | None = None) -> d
                                           "AND at > %s AND at <= %s").format(s),
                                   (source.name, budget["now"] - quota.seconds, budget["now"])).fetchone()
                 used = int(row["n"]) if row else 0
-            computed = computed_max_lag(len(source.collections), quota, factor)
+            computed = computed_max_lag(len(source.collections), quota, factor, ADAPTERS[source.type].sweeps)
             rows = {r["collection"]: r for r in cur.execute(sql.SQL(
                 "SELECT * FROM {}.api_sync_collections WHERE source = %s").format(s), (source.name,)).fetchall()}
             collections: dict[str, Any] = {}
