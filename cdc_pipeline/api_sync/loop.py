@@ -58,6 +58,9 @@ class _Runner:
     cooldown_until: float = 0.0
     failures: int = 0
     sweep: dict | None = None  # a delete check in progress: its page state, ids seen, start time
+    # Ids the last full sweep missed: deleted only when the next sweep (started at once) misses them too,
+    # since a delete on a page already read shifts an offset-paged listing past a row that exists.
+    suspects: set[str] = field(default_factory=set)
 
 
 def _now() -> datetime:
@@ -192,8 +195,9 @@ class SourceSync:
     def _sweep_due(self, r: _Runner) -> bool:
         if r.cp.phase != "sync":
             return False
-        return r.sweep is not None or r.cp.last_delete_check_at is None or _now() - r.cp.last_delete_check_at > \
-            timedelta(seconds=self.source.delete_check_seconds)
+        last = r.cp.last_delete_check_at
+        return (r.sweep is not None or bool(r.suspects) or last is None
+                or _now() - last > timedelta(seconds=self.source.delete_check_seconds))
 
     def _next_sweep(self, ready: list[_Runner]) -> _Runner | None:
         """The running delete check first (one at a time), else the one overdue the longest."""
@@ -251,7 +255,9 @@ class SourceSync:
         with dest.transaction():
             deleted = writer.delete(dest, r.coll, page.deleted)
             if page.done and page.delete_unseen:
-                deleted += writer.delete_unseen(dest, r.coll, r.sweep["seen"], r.sweep["started"])
+                missing = writer.unseen(dest, r.coll, r.sweep["seen"], r.sweep["started"])
+                deleted += writer.delete(dest, r.coll, sorted(missing & r.suspects))
+                r.suspects = missing - r.suspects
         r.cp.records_deleted += deleted
         self.stats.deleted += deleted
         if deleted:

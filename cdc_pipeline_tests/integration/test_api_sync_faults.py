@@ -8,12 +8,15 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from cdc_pipeline.api_sync import lag
+from cdc_pipeline.api_sync.loop import ApiSync
 from cdc_pipeline.config import load_config
 from cdc_pipeline.defs.api_sync import collection_metadata
 from cdc_pipeline_tests.api_fakes import FakeApi
@@ -124,3 +127,43 @@ def test_error_bodies_never_echo_token_shapes(source_db, tmp_path):
         for text in (run.stderr, status):
             assert "tk-live-0123456789" not in text and "k-998877" not in text
         assert "answered 400" in run.stderr
+
+
+def test_offset_cursor_sweep_keeps_a_row_shifted_into_a_read_page(source_db, write_config, monkeypatch):
+    """An API whose page tokens are offsets: a delete on an already-read page shifts the next page's
+    first row into the read page, so that sweep never sees it. It must not be deleted for that."""
+    with FakeApi("rest") as api:
+        monkeypatch.setenv("REST_TOKEN", api.bearer)
+        api.offset_cursors = True
+        for i in range(30):
+            api.put("tickets", f"{i:03d}", subject=f"s{i}")
+        source = rest_source(api, [{"name": "tickets", "table": "support.tickets", "page_size": 5,
+                                    "fields": {"subject": "text"}}], delete_check_seconds=0.5)
+        config = write_config(api_config(source_db.dsn, source))
+        ApiSync(config).run(until_idle=True, seconds=60)
+        assert source_db.execute("SELECT count(*) FROM support.tickets")[0][0] == 30
+
+        def after_request(collection: str) -> None:
+            if json.loads(api.data_log()[-1].query).get("cursor") == "5":  # a sweep's second page was read
+                api.on_request = None
+                api.delete("tickets", "000")  # on page one: "010" shifts from page three into page two
+
+        api.on_request = after_request
+        sync = ApiSync(config)
+        runner = threading.Thread(target=sync.run, kwargs={"seconds": 120})
+        runner.start()
+        try:
+            deadline = time.monotonic() + 90
+            while source_db.execute("SELECT count(*) FROM support.tickets WHERE id = '000'")[0][0]:
+                assert time.monotonic() < deadline, "the sweep never deleted 000"
+                time.sleep(0.1)
+            checks = len([e for e in api.data_log() if "updated_since" not in e.query])
+            while len([e for e in api.data_log() if "updated_since" not in e.query]) < checks + 14:
+                assert time.monotonic() < deadline + 60  # two more full sweeps after that
+                time.sleep(0.1)
+        finally:
+            sync.stop()
+            runner.join(30)
+        rows = {r[0] for r in source_db.execute("SELECT id FROM support.tickets")}
+        assert rows == set(api.live("tickets")) and "010" in rows
+        assert lag.collect(config)["tickets"]["collections"]["tickets"]["records_deleted"] == 1
