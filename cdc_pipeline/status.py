@@ -27,6 +27,10 @@ def collect(config: PipelineConfig) -> dict[str, Any]:
     with session.connect(config.state_dsn, autocommit=True) as conn:
         if not schema_exists(conn, schema):
             out["error"] = "state schema missing: run `cdc-pipeline setup`"
+            if config.api_sources:  # `api-sync` keeps its own state tables: show them all the same
+                from cdc_pipeline.api_sync import lag
+
+                out["api_sync"] = lag.collect(config, conn)
             return out
         progress = stats.drain_progress(conn, schema, config.source.slot)
         if slot is not None:
@@ -101,7 +105,9 @@ def _backfills(config: PipelineConfig, conn: psycopg.Connection,
 def render(status: dict[str, Any]) -> str:
     lines: list[str] = []
     if status.get("error"):
-        return f"error: {status['error']}"
+        from cdc_pipeline.api_sync import lag
+
+        return "\n".join([f"error: {status['error']}", *lag.render(status.get("api_sync") or {})])
     slot = status["slot"]
     if slot:
         lines.append(f"slot {slot['name']}: lag {slot['lag_bytes']} bytes, {slot['lag_seconds']} s; "

@@ -69,6 +69,9 @@ class FakeApi:
         self.sforce_used = 0
         self.sforce_limit = 100000
         self.hubspot_remaining_override: int | None = None
+        self.reject_tokens = False  # OAuth tokens are issued, yet every data request answers 401
+        self.offset_cursors = False  # rest: next_cursor is an offset into the listing (shifts on deletes)
+        self.fail_with: tuple[int, str] | None = None  # answer the next data request with (status, raw body)
         self.on_request: Callable[[str], None] | None = None  # called after a data response was sent
         self._clock = T0
         self.client_id, self.client_secret = "cid", "csecret-" + uuid.uuid4().hex
@@ -166,6 +169,13 @@ class FakeApi:
                 self.end_headers()
                 self.wfile.write(data)
 
+            def _send_raw(self, status: int, data: bytes) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", "text/plain")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
             def _serve(self, method: str) -> None:
                 arrived = time.monotonic()
                 parts = urlsplit(self.path)
@@ -184,12 +194,17 @@ class FakeApi:
                 body = json.loads(raw) if raw else None
                 auth = self.headers.get("Authorization", "")
                 with api.lock:
-                    ok = (auth.removeprefix("Bearer ") in api.tokens) if api.style == "salesforce" else (
-                        auth == f"Bearer {api.bearer}")
+                    ok = (auth.removeprefix("Bearer ") in api.tokens and not api.reject_tokens) \
+                        if api.style == "salesforce" else (auth == f"Bearer {api.bearer}")
                     if not ok:
                         api.unauthorized += 1
                         return self._send(401, [{"errorCode": "INVALID_SESSION_ID"}])
                     coll = self._collection(parts.path, query)
+                    if api.fail_with is not None:
+                        status, text = api.fail_with
+                        api.fail_with = None
+                        api.log.append(Logged(arrived, coll, status))
+                        return self._send_raw(status, text.encode())
                     if api.fail_429 > 0:
                         api.fail_429 -= 1
                         api.log.append(Logged(arrived, coll, 429))
@@ -307,13 +322,20 @@ class FakeApi:
         if "updated_since" in query:
             since = _parse_time(query["updated_since"])
             recs = [r for r in recs if r.modified >= since]
+        limit = int(query.get("limit", 50))
+        if self.offset_cursors:  # page N+1 starts at offset N x limit of the listing as it is NOW
+            start = int(query.get("cursor") or 0)
+            page = recs[start:start + limit]
+            more = start + limit < len(recs)
+            out: dict[str, Any] = {"data": [{"id": r.id, "updated_at": _iso(r.modified), **r.fields} for r in page],
+                                   "next_cursor": str(start + limit) if more else None}
+            return 200, out, [r.id for r in page]
         if query.get("cursor"):
             t, rid = json.loads(base64.urlsafe_b64decode(query["cursor"]))
             after = (_parse_time(t), rid)
             recs = [r for r in recs if (r.modified, r.id) > after]
-        limit = int(query.get("limit", 50))
         page = recs[:limit]
-        out: dict[str, Any] = {"data": [{"id": r.id, "updated_at": _iso(r.modified), **r.fields} for r in page]}
+        out = {"data": [{"id": r.id, "updated_at": _iso(r.modified), **r.fields} for r in page]}
         if len(recs) > limit:
             last = page[-1]
             out["next_cursor"] = base64.urlsafe_b64encode(json.dumps([_iso(last.modified), last.id]).encode()).decode()

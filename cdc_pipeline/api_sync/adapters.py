@@ -48,6 +48,7 @@ def time_key(value: Any) -> tuple[int, Any]:
 
 class Adapter:
     supports_total = False
+    sweeps = False  # deletes are found by a periodic listing (``sweep``), one page per round (loop.py)
 
     def __init__(self, source: ApiSourceConfig, client: ApiClient) -> None:
         self.source = source
@@ -163,6 +164,8 @@ class HubSpotAdapter(Adapter):
 class RestAdapter(Adapter):
     """Generic cursor-paginated JSON: ``GET {path}?updated_since=T&limit=N[&cursor=TOKEN]`` answering
     ``{"data": [...], "next_cursor": TOKEN | null}``; deletes found by a periodic full id sweep."""
+
+    sweeps = True
 
     def _path(self, coll: ApiCollectionConfig) -> str:
         return coll.path or f"/{coll.name}"

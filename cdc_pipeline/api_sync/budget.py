@@ -9,6 +9,7 @@ max lag predictable: every collection is polled once per round of ``n`` slots.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -41,10 +42,20 @@ class BudgetState:
     factor: float = 1.0
 
 
-def reserve(state: BudgetState, now: float, quota: Quota) -> tuple[BudgetState, float]:
-    """Take the next slot: returns the new state and the time the request may be sent."""
-    start = max(now, state.next_slot, state.paused_until)
-    return replace(state, next_slot=start + quota.interval(state.factor)), start
+MAX_RETRY_AFTER_SECONDS = 300.0  # default cap of one pause (rate_limit.max_retry_after_seconds)
+
+
+def reserve(state: BudgetState, now: float, quota: Quota,
+            max_pause: float = MAX_RETRY_AFTER_SECONDS) -> tuple[BudgetState, float]:
+    """Take the next slot: returns the new state and the time the request may be sent.
+
+    A pause (or a schedule pushed behind one) further away than ``max_pause`` is held to it: a state
+    stored before the cap existed, or by another version, cannot stall the source for years."""
+    interval = quota.interval(state.factor)
+    paused_until = min(state.paused_until, now + max_pause)
+    next_slot = min(state.next_slot, now + max_pause + interval)
+    start = max(now, next_slot, paused_until)
+    return replace(state, next_slot=start + interval, paused_until=paused_until), start
 
 
 def pause(state: BudgetState, now: float, seconds: float) -> BudgetState:
@@ -101,17 +112,24 @@ def hint_from_headers(headers: Mapping[str, str], configured: Quota) -> QuotaHin
     return QuotaHint(quota=quota)
 
 
-def retry_after_seconds(value: str | None, now: float, default: float) -> float:
-    """``Retry-After`` as seconds or an HTTP date; ``default`` when absent or unreadable."""
+def retry_after_seconds(value: str | None, now: float, default: float,
+                        cap: float = MAX_RETRY_AFTER_SECONDS) -> float:
+    """``Retry-After`` as seconds or an HTTP date, at most ``cap`` (an epoch sent where seconds belong,
+    or a date decades away, would stall the source for good); ``default`` when absent or unreadable."""
+    return min(cap, _retry_after(value, now, default))
+
+
+def _retry_after(value: str | None, now: float, default: float) -> float:
     if not value:
         return default
     try:
-        return max(0.0, float(value))
+        seconds = float(value)
+        return max(0.0, seconds) if math.isfinite(seconds) else default
     except ValueError:
         pass
     from email.utils import parsedate_to_datetime
 
     try:
         return max(0.0, parsedate_to_datetime(value).timestamp() - now)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return default

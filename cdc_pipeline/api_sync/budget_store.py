@@ -22,6 +22,7 @@ class SharedBudget:
                  sleep: Callable[[float], bool] | None = None) -> None:
         self.source = source
         self.configured = Quota(rate_limit.requests, rate_limit.per_seconds, rate_limit.share)
+        self.max_pause = rate_limit.max_retry_after_seconds
         self._conn = session.connect(dsn, autocommit=True, application_name="cdc_pipeline api-sync")
         self._s = sql.Identifier(schema)
         self._lock = threading.Lock()
@@ -67,10 +68,11 @@ class SharedBudget:
             assert row is not None
             state = BudgetState(row[0], row[1], row[2])
             now = row[5]
-            state, start = reserve(state, now, self._effective(row[3], row[4]))
+            state, start = reserve(state, now, self._effective(row[3], row[4]), self.max_pause)
             self._conn.execute(sql.SQL(
-                "UPDATE {}.api_sync_budget SET next_slot = %s, requests = requests + 1, updated_at = now() "
-                "WHERE source = %s").format(self._s), (state.next_slot, self.source))
+                "UPDATE {}.api_sync_budget SET next_slot = %s, paused_until = %s, requests = requests + 1, "
+                "updated_at = now() WHERE source = %s").format(self._s),
+                (state.next_slot, state.paused_until, self.source))
             self._conn.execute(sql.SQL("INSERT INTO {}.api_sync_requests (source, collection, at) "
                                        "VALUES (%s, %s, %s)").format(self._s), (self.source, collection, start))
             self._calls += 1
@@ -86,7 +88,10 @@ class SharedBudget:
                 f"SELECT paused_until, {_NOW} FROM {{}}.api_sync_budget WHERE source = %s FOR UPDATE")
                 .format(self._s), (self.source,)).fetchone()
             assert row is not None
-            state = pause(BudgetState(paused_until=row[0]), row[1], seconds)
+            # Held to the cap, whatever an older pause stored.
+            now = row[1]
+            state = pause(BudgetState(paused_until=min(row[0], now + self.max_pause)), now,
+                          min(seconds, self.max_pause))
             self._conn.execute(sql.SQL(
                 "UPDATE {}.api_sync_budget SET paused_until = %s, throttled = throttled + %s WHERE source = %s")
                 .format(self._s), (state.paused_until, int(throttled), self.source))

@@ -3,7 +3,9 @@
 Computed max lag (the seed's figure): the budget allows one request every ``interval`` seconds, shared
 round-robin by the ``n`` collections of a source, so each collection is asked for changes once every
 ``n x interval`` seconds, and a change made just after one poll started is in the table when the next
-poll finishes: ``n x interval`` (plus one request's duration). Observed lag: for every completed poll,
+poll finishes: ``n x interval`` (plus one request's duration). Where deletes are found by a periodic
+listing (REST full id sweep, HubSpot archived objects), a round also carries one page of it while a
+check runs: ``(n + 1) x interval``. Observed lag: for every completed poll,
 the time from the start of the previous completed poll to the end of this one (what a change made right
 after that start waited at most); current lag: now minus the start of the last completed poll (the
 table holds everything changed before that).
@@ -18,6 +20,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
+from cdc_pipeline.api_sync.adapters import ADAPTERS
 from cdc_pipeline.api_sync.budget import Quota
 from cdc_pipeline.api_sync.schema import api_schema_exists
 from cdc_pipeline.config import PipelineConfig
@@ -25,8 +28,9 @@ from cdc_pipeline.config.api_sources import ApiSourceConfig
 from cdc_pipeline.postgres import session
 
 
-def computed_max_lag(collections: int, quota: Quota, factor: float = 1.0) -> float:
-    return collections * quota.interval(factor)
+def computed_max_lag(collections: int, quota: Quota, factor: float = 1.0, sweeps: bool = False) -> float:
+    """One round: every collection's poll, plus one delete-check page when the API needs sweeps."""
+    return (collections + int(sweeps)) * quota.interval(factor)
 
 
 def lag_ceiling(source: ApiSourceConfig, computed: float) -> float:
@@ -66,7 +70,7 @@ def collect(config: PipelineConfig, conn: psycopg.Connection | None = None) -> d
                                           "AND at > %s AND at <= %s").format(s),
                                   (source.name, budget["now"] - quota.seconds, budget["now"])).fetchone()
                 used = int(row["n"]) if row else 0
-            computed = computed_max_lag(len(source.collections), quota, factor)
+            computed = computed_max_lag(len(source.collections), quota, factor, ADAPTERS[source.type].sweeps)
             rows = {r["collection"]: r for r in cur.execute(sql.SQL(
                 "SELECT * FROM {}.api_sync_collections WHERE source = %s").format(s), (source.name,)).fetchall()}
             collections: dict[str, Any] = {}
@@ -97,7 +101,10 @@ def collect(config: PipelineConfig, conn: psycopg.Connection | None = None) -> d
                 "window_seconds": quota.seconds,
                 "request_interval_seconds": round(quota.interval(factor), 3),
                 "factor": factor,
-                "paused_for_seconds": round(max(0.0, budget["paused_until"] - budget["now"]), 3) if budget else 0.0,
+                # A pause stored beyond the cap (an older version) is held to it at the next request.
+                "paused_for_seconds": round(min(max(0.0, budget["paused_until"] - budget["now"]),
+                                                rl.max_retry_after_seconds), 3) if budget else 0.0,
+                "max_retry_after_seconds": rl.max_retry_after_seconds,
                 "throttled": int(budget["throttled"]) if budget else 0,
                 "computed_max_lag_seconds": round(computed, 3),
                 "max_lag_ceiling_seconds": round(lag_ceiling(source, computed), 3),
@@ -114,7 +121,9 @@ def render(figures: dict[str, Any]) -> list[str]:
             continue
         lines.append(f"api source {name} ({src['type']}): {src['requests_in_window']}/{src['budget_per_window']} "
                      f"requests in the last {src['window_seconds']:g} s; max lag {src['computed_max_lag_seconds']} s "
-                     f"(ceiling {src['max_lag_ceiling_seconds']} s)")
+                     f"(ceiling {src['max_lag_ceiling_seconds']} s)" + (
+                         f"; paused for {src['paused_for_seconds']:g} s (the API's Retry-After or quota, "
+                         f"at most {src['max_retry_after_seconds']:g} s)" if src["paused_for_seconds"] > 0 else ""))
         for cname, c in src["collections"].items():
             progress = "" if c["phase"] != "backfill" else (
                 f" {c['backfill_records']}/{c['backfill_total'] or '?'}")

@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -24,7 +25,14 @@ from psycopg import sql
 from cdc_pipeline.api_sync import checkpoint, writer
 from cdc_pipeline.api_sync.adapters import Adapter, build_adapter
 from cdc_pipeline.api_sync.budget_store import SharedBudget
-from cdc_pipeline.api_sync.client import ApiClient, ApiError, Stopped
+from cdc_pipeline.api_sync.client import (
+    ApiClient,
+    ApiError,
+    PermanentApiError,
+    Stopped,
+    Waiter,
+    missing_secrets,
+)
 from cdc_pipeline.api_sync.schema import ensure_api_schema
 from cdc_pipeline.config import ConfigError, PipelineConfig, redact
 from cdc_pipeline.config.api_sources import ApiCollectionConfig, ApiSourceConfig
@@ -50,6 +58,9 @@ class _Runner:
     cooldown_until: float = 0.0
     failures: int = 0
     sweep: dict | None = None  # a delete check in progress: its page state, ids seen, start time
+    # Ids the last full sweep missed: deleted only when the next sweep (started at once) misses them too,
+    # since a delete on a page already read shifts an offset-paged listing past a row that exists.
+    suspects: set[str] = field(default_factory=set)
 
 
 def _now() -> datetime:
@@ -73,9 +84,10 @@ class SourceSync:
             ensure_api_schema(state, self.schema)
             dest = state if dest_dsn == self.config.state_dsn else session.connect(dest_dsn, autocommit=True,
                                                                                  application_name="cdc_pipeline api-sync")
+            waiter = Waiter(self.stop, deadline)  # no wait (slot, pause, backoff) outlives --seconds
             budget = SharedBudget(self.config.state_dsn, self.schema, self.source.name, self.source.rate_limit,
-                                  sleep=lambda s: not self.stop.wait(s))
-            client = ApiClient(self.source, budget, self.stop)
+                                  sleep=waiter.wait)
+            client = ApiClient(self.source, budget, waiter)
             try:
                 for coll in self.collections:
                     writer.ensure_table(dest, coll)
@@ -128,6 +140,9 @@ class SourceSync:
 
     def _loop(self, state: psycopg.Connection, dest: psycopg.Connection, client: ApiClient, until_idle: bool,
               deadline: float | None) -> None:
+        """Rounds: every ready collection polls once, then at most ONE page of a delete check (the
+        collection whose check is running, else the longest overdue), so a sweep of any length adds one
+        request per round and never holds a collection's polls back (the max lag in lag.py counts it)."""
         adapter = build_adapter(self.source, client)
         owned: dict[str, _Runner] = {}
         while not self.stop.is_set() and (deadline is None or time.monotonic() < deadline):
@@ -139,37 +154,65 @@ class SourceSync:
                 self.stop.wait(0.5)
                 continue
             for r in ready:
-                if self.stop.is_set() or (deadline is not None and time.monotonic() >= deadline):
+                if not self._guarded(r, client, state, lambda r=r: self._turn(r, adapter, state, dest), deadline):
                     return
-                before = client.budget_requests
-                try:
-                    self._turn(r, adapter, state, dest)
-                    r.failures = 0
-                except Stopped:
-                    return
-                except (ApiError, httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
-                    r.failures += 1
-                    r.idle = False
-                    r.cooldown_until = time.monotonic() + min(300.0, 2.0 * 2 ** min(r.failures, 8))
-                    r.cp.last_error = redact(f"{type(exc).__name__}: {exc}")[:500]
-                    log.error("api source %s, collection %s: %s", self.source.name, r.coll.name, r.cp.last_error)
-                    checkpoint.save(state, self.schema, r.cp)
-                finally:
-                    sent = client.budget_requests - before
-                    r.cp.requests += sent
-                    self.stats.requests += sent
-            if until_idle and owned and all(r.idle for r in owned.values()):
+            sweeper = self._next_sweep(ready)
+            if sweeper is not None and not self._guarded(
+                    sweeper, client, state, lambda s=sweeper: self._sweep(s, adapter, state, dest), deadline):
                 return
+            if until_idle and owned and all(r.idle and not self._sweep_due(r) for r in owned.values()):
+                return
+
+    def _guarded(self, r: _Runner, client: ApiClient, state: psycopg.Connection, work: Callable[[], object],
+                 deadline: float | None) -> bool:
+        """One request's work for a collection; False when the sync must stop. A failure cools the
+        collection down (its error in last_error) while the others go on; a permanent one ends the run."""
+        if self.stop.is_set() or (deadline is not None and time.monotonic() >= deadline):
+            return False
+        before = client.budget_requests
+        try:
+            work()
+            r.failures = 0
+        except Stopped:
+            return False
+        except PermanentApiError as exc:  # stop with the fix; status shows it too
+            r.cp.last_error = redact(f"{type(exc).__name__}: {exc}")[:500]
+            checkpoint.save(state, self.schema, r.cp)
+            raise
+        except (ApiError, httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+            r.failures += 1
+            r.idle = False
+            r.cooldown_until = time.monotonic() + min(300.0, 2.0 * 2 ** min(r.failures, 8))
+            r.cp.last_error = redact(f"{type(exc).__name__}: {exc}")[:500]
+            log.error("api source %s, collection %s: %s", self.source.name, r.coll.name, r.cp.last_error)
+            checkpoint.save(state, self.schema, r.cp)
+        finally:
+            sent = client.budget_requests - before
+            r.cp.requests += sent
+            self.stats.requests += sent
+        return True
+
+    def _sweep_due(self, r: _Runner) -> bool:
+        if r.cp.phase != "sync":
+            return False
+        last = r.cp.last_delete_check_at
+        return (r.sweep is not None or bool(r.suspects) or last is None
+                or _now() - last > timedelta(seconds=self.source.delete_check_seconds))
+
+    def _next_sweep(self, ready: list[_Runner]) -> _Runner | None:
+        """The running delete check first (one at a time), else the one overdue the longest."""
+        due = [r for r in ready if self._sweep_due(r) and r.cooldown_until <= time.monotonic()]
+        running = [r for r in due if r.sweep is not None]
+        if running:
+            return running[0]
+        oldest = datetime.min.replace(tzinfo=UTC)
+        return min(due, key=lambda r: r.cp.last_delete_check_at or oldest, default=None)
 
     def _turn(self, r: _Runner, adapter: Adapter, state: psycopg.Connection, dest: psycopg.Connection) -> None:
         cp, coll = r.cp, r.coll
         if cp.phase == "backfill" and cp.backfill_total is None and adapter.supports_total and not cp.state:
             cp.backfill_total = adapter.total(coll)  # for the progress figure; one request, once
             checkpoint.save(state, self.schema, cp)
-            return
-        due = cp.last_delete_check_at is None or _now() - cp.last_delete_check_at > timedelta(
-            seconds=self.source.delete_check_seconds)
-        if cp.phase == "sync" and (r.sweep is not None or due) and self._sweep(r, adapter, state, dest):
             return
         page = adapter.fetch(coll, cp.state)
         # The poll's snapshot is as of when its request left, not when it began waiting for its slot.
@@ -195,7 +238,7 @@ class SourceSync:
             checkpoint.save(state, self.schema, cp)
         self.stats.records += changed
         self.stats.deleted += deleted
-        r.idle = cp.phase == "sync" and page.caught_up and not changed and not deleted and r.sweep is None
+        r.idle = cp.phase == "sync" and page.caught_up and not changed and not deleted
 
     def _sweep(self, r: _Runner, adapter: Adapter, state: psycopg.Connection, dest: psycopg.Connection) -> bool:
         """One page of the periodic delete check; False when the API needs none (deletes come with fetch)."""
@@ -212,14 +255,16 @@ class SourceSync:
         with dest.transaction():
             deleted = writer.delete(dest, r.coll, page.deleted)
             if page.done and page.delete_unseen:
-                deleted += writer.delete_unseen(dest, r.coll, r.sweep["seen"], r.sweep["started"])
+                missing = writer.unseen(dest, r.coll, r.sweep["seen"], r.sweep["started"])
+                deleted += writer.delete(dest, r.coll, sorted(missing & r.suspects))
+                r.suspects = missing - r.suspects
         r.cp.records_deleted += deleted
         self.stats.deleted += deleted
-        r.idle = False
+        if deleted:
+            r.idle = False  # else its polls say (a sweep in progress keeps --until-idle going: _sweep_due)
         if page.done:
             r.sweep = None
             r.cp.last_delete_check_at = _now()
-            r.idle = not deleted
         checkpoint.save(state, self.schema, r.cp)
         return True
 
@@ -231,6 +276,11 @@ class ApiSync:
         if not config.api_sources:
             raise ConfigError(f"{config.path or 'config'}: no api_sources configured")
         sources = [config.api_source(source)] if source else list(config.api_sources)
+        missing = [(s.name, name) for s in sources for name in missing_secrets(s)]
+        if missing:  # a config error at start, not a request failing every few seconds forever
+            raise ConfigError("\n".join(
+                f"api source {s}: environment variable {name} is not set (named by its auth); "
+                f"export {name}=... before running api-sync" for s, name in missing))
         self.stop_event = threading.Event()
         self.syncs = [SourceSync(config, s, self.stop_event, collections) for s in sources]
 

@@ -132,7 +132,7 @@ def delete(conn: psycopg.Connection, coll: ApiCollectionConfig, ids: list[str]) 
     return conn.execute(sql.SQL("DELETE FROM {} WHERE id = ANY(%s)").format(_table(coll)), (ids,)).rowcount
 
 
-def delete_unseen(conn: psycopg.Connection, coll: ApiCollectionConfig, seen: set[str], before: datetime) -> int:
+def unseen(conn: psycopg.Connection, coll: ApiCollectionConfig, seen: set[str], before: datetime) -> set[str]:
     """After a full id sweep: rows the sweep did not see, and that were not written since it started."""
-    return conn.execute(sql.SQL("DELETE FROM {} WHERE synced_at < %s AND NOT (id = ANY(%s))").format(_table(coll)),
-                        (before, list(seen))).rowcount
+    return {r[0] for r in conn.execute(sql.SQL("SELECT id FROM {} WHERE synced_at < %s AND NOT (id = ANY(%s))")
+                                       .format(_table(coll)), (before, list(seen))).fetchall()}

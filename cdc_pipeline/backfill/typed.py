@@ -5,8 +5,9 @@ backfill's sinks writes typed rows as they are (a Postgres mirror that needs no 
 transform, route or grouping columns, change stream) and every column's type reads back identically
 in the destination: built-in types, which the mirror creates as they are, and enums (and arrays of them),
 which it creates as text. Anything else (domains, composites, ranges of user types, user-defined base
-types), `json` (its NUL escapes are rewritten for the JSON path) and `money` (locale-dependent text) keeps
-the JSON path for the whole table. Other sinks of the backfill get JSON made from the typed row when they
+types), `json` (its NUL escapes are rewritten for the JSON path), `money` (locale-dependent text) and
+the `reg*` OID aliases (names resolved by the reading database's catalog) keep the JSON path for the
+whole table. Other sinks of the backfill get JSON made from the typed row when they
 load it (state/typed_rows.py), identical to what ``to_jsonb`` gave.
 """
 
@@ -22,6 +23,9 @@ from cdc_pipeline.state.typed_rows import Columns
 
 FIRST_USER_OID = 16384
 _JSON_PATH_ONLY = {114, 199, 790, 791}  # json, json[], money, money[]
+# OID alias types (regclass, regtype, regproc, regnamespace, ...: element types too) print as names that
+# only the source's catalog resolves: a state database elsewhere cannot parse them back (JSON path).
+_OID_ALIASES = {24, 2202, 2203, 2204, 2205, 2206, 3734, 3769, 4089, 4096, 4191}
 
 # Each non-generated column: name, type as SQL, and whether the type (or an array's element type) is an
 # enum, a built-in type, or something else.
@@ -54,7 +58,7 @@ def typed_columns(conn: psycopg.Connection, schema: str, table: str) -> Columns 
     """The table's typed shape (name, type in the destination), or None when a column keeps the JSON path."""
     out: list[tuple[str, str]] = []
     for name, type_sql, oid, kind, base_oid, is_array in conn.execute(_COLUMN_KINDS, (schema, table)).fetchall():
-        if int(oid) in _JSON_PATH_ONLY:
+        if int(oid) in _JSON_PATH_ONLY or int(base_oid) in _OID_ALIASES:
             return None
         if kind == "e":
             out.append((str(name), "text[]" if is_array else "text"))

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from cdc_pipeline.api_sync.budget import MAX_RETRY_AFTER_SECONDS
 from cdc_pipeline.config.base import ENV_NAME_RE, Dsn, Name, StrictModel, identifier, qualify
 from cdc_pipeline.config.errors import Loc, fail
 
@@ -61,6 +62,9 @@ class RateLimitConfig(StrictModel):
     requests: int = Field(gt=0)  # the API's quota: `requests` per `per_seconds`
     per_seconds: float = Field(gt=0)
     share: float = Field(default=0.5, gt=0, le=1)  # the fraction of the quota this pipeline may use
+    # The longest pause a 429's Retry-After (or an exhausted quota) may impose: an epoch or a date decades
+    # away must not stall the source for good.
+    max_retry_after_seconds: float = Field(default=MAX_RETRY_AFTER_SECONDS, gt=0)
 
     @property
     def budget(self) -> int:

@@ -40,6 +40,9 @@ POLL_SECONDS = 0.2  # re-check for expired leases at least this often while a lo
 WAIT_LOG_SECONDS = 30.0
 MAX_BATCH = 10_000
 MAX_WAIT_MS = 60_000
+# The largest request body read (the largest legitimate one, 10,000 ack ids, is well under it); checked
+# after authentication, before reading (consumers/fastpath.py).
+MAX_BODY_BYTES = 1024 * 1024
 
 
 class ReceiveRequest(BaseModel):
@@ -88,6 +91,23 @@ def consumers_of(config: PipelineConfig, environ: Mapping[str, str] = os.environ
                                   "(token_env) is not set")
         out[sink.name] = Consumer(sink.name, token, dest.visibility_timeout_ms, dest.max_deliveries)
     return out
+
+
+def authenticate(consumers: Mapping[str, Consumer], name: str, token: str | None) -> Consumer | int:
+    """The token first, then the name: 401 unless the token is some consumer's (so an unauthenticated
+    caller cannot tell a known name from an unknown one), 404 for an unknown name, 401 for another
+    consumer's token. Every token is compared, in constant time each."""
+    given = (token or "").encode()
+    owner = None
+    for consumer in consumers.values():
+        if hmac.compare_digest(given, consumer.token.encode()) and token:
+            owner = consumer
+    if owner is None:
+        return 401
+    found = consumers.get(name)
+    if found is None:
+        return 404
+    return found if found is owner else 401
 
 
 class Wakeups:
@@ -211,18 +231,17 @@ def create_app(config: PipelineConfig, environ: Mapping[str, str] = os.environ,
 
     async def consumer(name: str, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
                        ) -> Consumer:  # async: a plain def would cost a thread-pool hop per request
-        unauthorized = HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
-        if credentials is None:
-            raise unauthorized
-        found = consumers.get(name)
-        if found is None:
+        found = authenticate(consumers, name, credentials.credentials if credentials else None)
+        if found == 404:
             raise HTTPException(404, f"no http_pull consumer named {name!r}")
-        if not hmac.compare_digest(credentials.credentials.encode(), found.token.encode()):
-            raise unauthorized
+        if not isinstance(found, Consumer):
+            raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
         return found
 
-    errors: dict[int | str, dict[str, Any]] = {401: {"description": "missing or wrong bearer token"},
-                                               404: {"description": "no such consumer"}}
+    errors: dict[int | str, dict[str, Any]] = {
+        401: {"description": "missing or wrong bearer token (whether or not the consumer exists)"},
+        404: {"description": "no such consumer (told only to a caller with a valid token)"},
+        413: {"description": f"request body over {MAX_BODY_BYTES} bytes"}}
 
     @app.post("/api/consumers/{name}/receive", response_model=ReceiveResponse, responses=errors)
     async def receive(body: ReceiveRequest, request: Request,

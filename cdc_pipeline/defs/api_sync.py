@@ -56,6 +56,8 @@ def collection_metadata(pipeline: PipelineConfig, source: str, collection: str) 
         "lag_seconds": MetadataValue.float(float(c["lag_seconds"])) if c["lag_seconds"] is not None else "n/a",
         "observed_max_lag_seconds": MetadataValue.float(float(c["observed_max_lag_seconds"] or 0.0)),
         "computed_max_lag_seconds": MetadataValue.float(float(src["computed_max_lag_seconds"])),
+        # Every request of the source waits this long (a 429's Retry-After or an exhausted quota, capped).
+        "paused_for_seconds": MetadataValue.float(float(src["paused_for_seconds"])),
         "last_error": MetadataValue.text(redact(c["last_error"] or "")),
     }
 

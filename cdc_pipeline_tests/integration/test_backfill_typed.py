@@ -308,3 +308,30 @@ def test_a_key_renamed_mid_backfill_parks_its_reads_and_other_groups_flow(source
     assert len(errors) == 3 and all("do not hold its key" in e for e in errors)
     assert lag == (0,)
     assert main(["--config", str(config.path), "failed", "list"]) == 0
+
+
+def test_reg_columns_are_not_resolved_in_a_separate_state_database(db_factory, write_config, spark):
+    """`regclass`/`regtype` values print as names that only the source's catalog (and a mirror built
+    like it) resolves: a state database elsewhere must never parse them (issue 21, suspected)."""
+    source, dest, state = db_factory(), db_factory(), db_factory()
+    ddl = ("CREATE TYPE mood AS ENUM ('ok'); CREATE TABLE public.regs (id int PRIMARY KEY, rc regclass, "
+           "rt regtype, rn regnamespace, ra regclass[]);")
+    source.execute(ddl + "CREATE SCHEMA app; CREATE TABLE app.only_here (x int);"
+                   "INSERT INTO public.regs VALUES (1, 'app.only_here', 'mood', 'app', '{app.only_here,pg_class}')")
+    dest.execute(ddl + "CREATE SCHEMA app; CREATE TABLE app.only_here (x int);")  # the mirror knows the names
+    data = backfill_config(source.dsn, dest.dsn, ["public.regs"], {"initial_page_size": 2, "max_page_size": 2})
+    data["source"]["slot"] = "cdc_typed_regs"
+    data["state"] = {"dsn": state.dsn}
+    data["sinks"].append({"name": "appended", "tables": ["public.regs"], "destination": {
+        "type": "postgres", "dsn": dest.dsn, "table": "appended.regs", "mode": "append"}})
+    config = write_config(data)
+    setup(config)
+    result = backfill(config, "public.regs")
+    assert (result.status, result.rows_read) == ("completed", 1)
+    for sink in ("mirror", "appended"):
+        stats = deliver(config, spark, sink=sink)
+        assert (stats.parked, stats.delivered) == (0, 1), (sink, stats)
+    assert assert_mirrored(source.dsn, "public.regs", dest.dsn, "mirror.regs") == 1
+    with psycopg.connect(dest.dsn) as conn:
+        record = conn.execute("SELECT message->'record' FROM appended.regs").fetchone()[0]
+    assert record == {"id": 1, "rc": "app.only_here", "rt": "mood", "rn": "app", "ra": ["app.only_here", "pg_class"]}

@@ -82,6 +82,18 @@ def test_retry_after():
     assert retry_after_seconds(None, 0, 3) == 3
     assert retry_after_seconds("soon", 0, 3) == 3
     assert retry_after_seconds("Wed, 21 Oct 2015 07:28:10 GMT", 1445412480, 1) == 10
+    # Capped: an epoch sent where seconds belong, a date decades away, infinity.
+    assert retry_after_seconds("1732531200", 0, 1) == 300
+    assert retry_after_seconds("Fri, 31 Dec 2100 23:59:59 GMT", 1445412480, 1, cap=60) == 60
+    assert retry_after_seconds("inf", 0, 3) == 3 and retry_after_seconds("1e400", 0, 3) == 3
+
+
+def test_a_stored_pause_beyond_the_cap_is_held_to_it():
+    quota = Quota(40, 60, 0.5)
+    stalled = BudgetState(next_slot=3.5e9, paused_until=3.5e9)  # written before the cap existed
+    state, start = reserve(stalled, 100.0, quota, max_pause=300)
+    assert state.paused_until == 400.0 and start == pytest.approx(400.0 + quota.interval())  # one slot late
+    assert state.next_slot == pytest.approx(start + quota.interval())
 
 
 def test_time_key_and_typed_values():
