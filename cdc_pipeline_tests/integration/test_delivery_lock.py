@@ -6,20 +6,12 @@ from __future__ import annotations
 
 import subprocess
 import threading
-import time
 from collections import Counter
 
 from cdc_pipeline.setup import setup
-from cdc_pipeline_tests.helpers import drain, mirror_config
+from cdc_pipeline_tests.helpers import drain, mirror_config, wait_until
 from cdc_pipeline_tests.integration.test_cli_errors import CLI
 from cdc_pipeline_tests.integration.test_sink_webhook import Receiver
-
-
-def wait_for(condition, seconds: float = 120.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def test_a_second_deliver_of_the_same_sink_sends_nothing(source_db, db_factory, write_config) -> None:
@@ -45,7 +37,7 @@ def test_a_second_deliver_of_the_same_sink_sends_nothing(source_db, db_factory, 
     cmd = [CLI, "--config", str(config.path), "deliver", "--sink", "hook", "--until-idle"]
     first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        wait_for(lambda: arrived, what="the first run's request")
+        wait_until(lambda: arrived, what="the first run's request")
         second = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         assert second.returncode != 0, second.stdout + second.stderr
         assert "already being delivered by another process" in second.stderr, second.stderr
