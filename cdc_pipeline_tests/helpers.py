@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -99,3 +100,12 @@ def assert_mirrored(source_dsn: str, source_table: str, dest_dsn: str, dest_tabl
     for a, b in zip(src, dst, strict=True):
         assert a == b, f"row differs:\nsource {a}\nmirror {b}"
     return len(src)
+
+
+def wait_until(check: Callable[[], object], timeout: float = 120.0, what: str = "condition") -> None:
+    """Poll `check` until it is truthy; fail naming `what` after `timeout` seconds (generous: the machine is
+    shared and loaded, and a test must wait on the condition, never on a fixed sleep)."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out after {timeout:.0f} s waiting for {what}"
+        time.sleep(0.05)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from cdc_pipeline.config import ConfigError, PipelineConfig
+from cdc_pipeline.config import ConfigError, PipelineConfig, redact
 from cdc_pipeline.config.base import qualify
 from cdc_pipeline.delivery.engine import Deliverer, messages_from, send_lock
 from cdc_pipeline.delivery.spark_stage import SinkPlan
@@ -132,7 +132,8 @@ def replay(config: PipelineConfig, sink_name: str, start: datetime, end: datetim
                 stats.delivered += sum(1 for r in results if r is None)
                 failures = [r for r in results if r is not None] + [err for _, _, err in stage_failed]
                 stats.failed += len(failures)
-                stats.errors += failures[:5 - len(stats.errors)] if len(stats.errors) < 5 else []
+                # Masked as parked errors are: they reach CLI output, Dagster logs, step errors and metadata.
+                stats.errors += [redact(e) for e in failures[:max(0, 5 - len(stats.errors))]]
                 stats.filtered += batch.num_rows - len(messages) - len(stage_failed)
         finally:
             target.close()

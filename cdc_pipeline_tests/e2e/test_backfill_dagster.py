@@ -126,7 +126,10 @@ def test_failed_run_keeps_its_checkpoint_and_the_retry_resumes(source_db, db_fac
         result = job.execute_in_process(instance=instance, run_config={
             "ops": {asset.node_def.name: {"config": {"sinks": ["mirror"]}}}})
         killer.join()
+        assert "checkpoint_pages" in killed, "the backfill finished before its connections were killed"
         assert result.success
+        tags = instance.get_run_by_id(result.run_id).tags  # what the sensors and tag limits key on
+        assert tags.get("cdc_pipeline/kind") == BACKFILL_TAGS["cdc_pipeline/kind"] == "backfill", tags
         kinds = [e.event_type for e in result.all_events]
         assert DagsterEventType.STEP_UP_FOR_RETRY in kinds and DagsterEventType.STEP_RESTARTED in kinds
         failure = next(e for e in result.all_events if e.event_type == DagsterEventType.STEP_UP_FOR_RETRY)
@@ -141,4 +144,3 @@ def test_failed_run_keeps_its_checkpoint_and_the_retry_resumes(source_db, db_fac
         (info,) = store.list(conn)
     assert info.page_attempts <= len(range(0, 20000, 500)) + 1 + 1  # at most the page in flight read twice
     assert sorted(log_reads(config, info.id)) == sorted(f"[{i}]" for i in range(1, 20001))
-    assert BACKFILL_TAGS["cdc_pipeline/kind"] == "backfill"

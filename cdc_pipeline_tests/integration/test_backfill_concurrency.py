@@ -238,9 +238,14 @@ def test_two_partitions_backfilled_side_by_side_under_writers(source_db, db_fact
         threads = [threading.Thread(target=run, args=w) for w in windows]
         for t in threads:
             t.start()
-        time.sleep(1.0)
-        with psycopg.connect(config.state_dsn) as conn:
-            active = [i for i in BackfillStore("cdc_pipeline").list(conn, active_only=True) if i.alive]
+        active: list[Any] = []
+
+        def both_alive_or_done() -> bool:
+            with psycopg.connect(config.state_dsn) as conn:
+                active[:] = [i for i in BackfillStore("cdc_pipeline").list(conn, active_only=True) if i.alive]
+            return len(active) == 2 or not any(t.is_alive() for t in threads)
+
+        wait_for(both_alive_or_done, 300, "the two windows to run")
         for t in threads:
             t.join(600)
         time.sleep(0.5)

@@ -30,7 +30,7 @@ import yaml
 from cdc_pipeline.config import PipelineConfig
 from cdc_pipeline.setup import setup
 from cdc_pipeline_tests.conftest import Database
-from cdc_pipeline_tests.helpers import assert_mirrored, deliver, drain, mirror_config
+from cdc_pipeline_tests.helpers import assert_mirrored, deliver, drain, mirror_config, wait_until
 
 CLI = str(Path(sys.executable).with_name("cdc-pipeline"))
 
@@ -407,20 +407,25 @@ def _set_batch_size(config: PipelineConfig, batch_size: int) -> None:
 
 
 def _kill_when_sink_ahead_of_state(proc: subprocess.Popen[str], state_dsn: str, dest_dsn: str,
-                                   timeout: float) -> bool:
-    """SIGKILL `proc` as soon as the sink has committed a batch whose offset the state database has not
-    recorded yet (a window of a few ms). Returns whether the window was seen."""
-    deadline = time.monotonic() + timeout
-    with psycopg.connect(state_dsn, autocommit=True) as s, psycopg.connect(dest_dsn, autocommit=True) as d:
-        while time.monotonic() < deadline:
+                                   timeout: float) -> None:
+    """SIGKILL `proc` once the sink has committed a batch whose offset the state database has not recorded.
+    That window is a few ms long, so it is held open: the test locks the state's offset row (a slow state
+    database), the next batch reaches the destination and then waits on the lock; the kill lands there."""
+    with psycopg.connect(state_dsn) as lock, psycopg.connect(state_dsn, autocommit=True) as s, \
+            psycopg.connect(dest_dsn, autocommit=True) as d:
+        lock.execute("SELECT 1 FROM cdc_pipeline.sink_offsets WHERE sink = 'mirror' FOR UPDATE")
+
+        def sink_ahead() -> bool:
             got = d.execute("SELECT commit_lsn, commit_idx FROM cdc_pipeline_sink.offsets WHERE sink = 'mirror'"
                             ).fetchone()
             row = s.execute("SELECT commit_lsn, commit_idx FROM cdc_pipeline.sink_offsets WHERE sink = 'mirror'"
                             ).fetchone()
-            if got and row and tuple(got) > tuple(row):
-                os.killpg(proc.pid, signal.SIGKILL)
-                return True
-    return False
+            assert proc.poll() is None, f"deliver exited: {finish(proc, 10)}"
+            return bool(got and row and tuple(got) > tuple(row))
+
+        wait_until(sink_ahead, timeout, "the sink to commit a batch the state has not recorded")
+        os.killpg(proc.pid, signal.SIGKILL)
+        lock.rollback()
 
 
 def _wait_for_open_sink_transaction(dest_dsn: str, dbname: str, timeout: float) -> bool:
@@ -456,7 +461,7 @@ def test_deliver_sigkill_mid_batch(source_db: Database, db_factory: Callable[[],
     writers = run_writers(source_db.dsn, 6_000, rate=1_000, seed=seed + 100, base=10_000_000)
     drainer = spawn(config, "drain", "--seconds", "120")
     # Each restart costs a JVM start (~10 s here), so three kills: inside an open sink transaction, between
-    # the sink's commit and the state's offset commit (if the poll catches that window), at random.
+    # the sink's commit and the state's offset commit (held open by a lock), at random.
     modes = ["sink transaction open", "sink ahead of state", "random"]
     try:
         for mode, batch_size in zip(modes, (1200, 1500, 400), strict=True):
@@ -474,9 +479,7 @@ def test_deliver_sigkill_mid_batch(source_db: Database, db_factory: Callable[[],
             if mode == "random":
                 time.sleep(rng.uniform(0.0, 1.0))
             elif mode == "sink ahead of state":
-                # A window of a few ms: when the poll misses it, this is one more kill at a random point.
-                if not _kill_when_sink_ahead_of_state(proc, config.state_dsn, dest.dsn, 5):
-                    mode += " (window missed)"
+                _kill_when_sink_ahead_of_state(proc, config.state_dsn, dest.dsn, 120)
             else:
                 assert _wait_for_open_sink_transaction(dest.dsn, dest.name, 20), "no sink transaction seen"
             assert proc.poll() in (None, -signal.SIGKILL), f"deliver exited: {finish(proc, 10)}"

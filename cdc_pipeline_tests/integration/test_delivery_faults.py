@@ -22,8 +22,8 @@ from cdc_pipeline.delivery.engine import Deliverer, DeliveryStats
 from cdc_pipeline.postgres import embedded
 from cdc_pipeline.setup import setup
 from cdc_pipeline_tests.conftest import Database, _drop
-from cdc_pipeline_tests.helpers import assert_mirrored, drain, mirror_config
-from cdc_pipeline_tests.integration.test_delivery_outage import Background, wait_until
+from cdc_pipeline_tests.helpers import assert_mirrored, drain, mirror_config, wait_until
+from cdc_pipeline_tests.integration.test_delivery_outage import Background
 
 
 @pytest.fixture(scope="module")

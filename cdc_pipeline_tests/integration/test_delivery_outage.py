@@ -9,6 +9,7 @@ when the endpoint comes back every version of every row arrives in order. A mess
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -22,7 +23,10 @@ from cdc_pipeline.capture.drain import Drain
 from cdc_pipeline.config import PipelineConfig
 from cdc_pipeline.delivery.engine import Deliverer, DeliveryStats
 from cdc_pipeline.setup import setup
+from cdc_pipeline_tests import helpers
 from cdc_pipeline_tests.conftest import Database
+from cdc_pipeline_tests.helpers import wait_until
+from cdc_pipeline_tests.integration.test_cli_errors import CLI
 from cdc_pipeline_tests.integration.test_sink_webhook import Receiver
 
 
@@ -49,13 +53,6 @@ class Background(threading.Thread):
         if self.error is not None:
             raise self.error
         return self.result
-
-
-def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 @pytest.fixture
@@ -97,6 +94,11 @@ def _failed(config: PipelineConfig) -> list[tuple[int, str, int, str]]:
                             "USING (commit_lsn, commit_idx) ORDER BY 1, f.commit_lsn").fetchall()
 
 
+def _answered(receiver: Receiver, code: int) -> int:
+    with receiver.lock:
+        return sum(1 for _, _, status_ in receiver.requests if status_ == code)
+
+
 def _start(config: PipelineConfig, spark: Any) -> tuple[Background, Background]:
     drain = Drain(config)
     deliverer = Deliverer(config, config.sink("hook"), spark)
@@ -118,27 +120,31 @@ def test_destination_down_is_waited_for_not_counted(source_db: Database, write_c
         receiver.behaviour = lambda h, b: (503, b"maintenance", 0.0)
         for v in (1, 2):
             source_db.execute("UPDATE t SET v = %s", (v,))
-        wait_until(lambda: len(_log(config)) == 60, 30, "the drain")
-        time.sleep(4)
+        wait_until(lambda: len(_log(config)) == 60, 60, "the drain")
+        # Several attempts refused (the batch retried with backoff, not parked after the first one).
+        wait_until(lambda: _answered(receiver, 503) >= 4, 120, "four refused attempts")
+        wait_until(lambda: status.collect(config)["sinks"]["hook"]["waiting_for_destination"], 60, "status")
         assert deliver.is_alive(), deliver.error
+        assert _failed(config) == []
         sink = status.collect(config)["sinks"]["hook"]
         assert sink["waiting_for_destination"] and "503" in sink["waiting_for_destination"], sink
         assert "waiting for the destination" in status.render(status.collect(config))
 
         # 2. Then it times out on everything: per-message "unreachable" errors, still an outage.
+        slow_from = len(receiver.requests)
         receiver.behaviour = lambda h, b: (200, b"{}", 0.6)
         source_db.execute("UPDATE t SET v = 3 WHERE id <= 10")
-        wait_until(lambda: len(_log(config)) == 70, 30, "the drain")
-        time.sleep(4)
+        wait_until(lambda: len(_log(config)) == 70, 60, "the drain")
+        wait_until(lambda: len(receiver.requests) - slow_from >= 4, 120, "four timed-out attempts")
         assert deliver.is_alive(), deliver.error
         assert _failed(config) == []  # nothing parked, nothing counted, nothing discarded
 
         # 3. Back: every version of every row arrives, each row's versions in commit order.
         receiver.behaviour = lambda h, b: (200, b"{}", 0.0)
         logged = _log(config)
-        wait_until(lambda: set(receiver.acked_keys()) >= {k for k, _ in logged}, 60, "recovery")
-        time.sleep(1)
-        assert status.collect(config)["sinks"]["hook"]["waiting_for_destination"] is None
+        wait_until(lambda: set(receiver.acked_keys()) >= {k for k, _ in logged}, 120, "recovery")
+        wait_until(lambda: status.collect(config)["sinks"]["hook"]["waiting_for_destination"] is None, 60,
+                   "status to stop saying it waits")
         stats: DeliveryStats = deliver.finish()
     finally:
         deliver.stop()
@@ -187,3 +193,28 @@ def test_poison_next_to_healthy_messages_is_parked_and_discarded(
     assert "HTTP 500" in failed[0][3] and "timeout" in failed[1][3]
     assert stats.discarded == 2
     assert {k for k, r in _log(config) if r == 7}.isdisjoint(receiver.acked_keys())
+
+
+def test_deliver_until_idle_exits_non_zero_on_an_outage(
+        source_db: Database, write_config: Callable[..., PipelineConfig], receiver: Receiver) -> None:
+    """The one-off catch-up (`deliver --until-idle`, the CLI) does not wait for a destination that is down:
+    it exits 1 naming the outage, parks nothing and keeps its offset; run again once it is back, it
+    delivers everything."""
+    config = _config(source_db, write_config, receiver.url, destination={"timeout_ms": 2000})
+    source_db.execute("INSERT INTO t SELECT g, 0 FROM generate_series(1, 5) g")
+    helpers.drain(config)
+    cmd = [CLI, "--config", str(config.path), "deliver", "--sink", "hook", "--until-idle"]
+    receiver.behaviour = lambda h, b: (503, b"maintenance", 0.0)
+    down = subprocess.run(cmd, capture_output=True, text=True, timeout=150)  # waiting forever is the bug
+    assert down.returncode == 1, down.stdout + down.stderr
+    assert "503" in down.stderr and "error:" in down.stderr, down.stderr
+    assert _answered(receiver, 503) >= 1 and receiver.acked_keys() == []
+    assert _failed(config) == []
+    with psycopg.connect(config.state_dsn) as conn:
+        assert conn.execute("SELECT commit_lsn, commit_idx, delivered FROM cdc_pipeline.sink_offsets "
+                            "WHERE sink = 'hook'").fetchone() in (None, (0, -1, 0))
+
+    receiver.behaviour = lambda h, b: (200, b"{}", 0.0)
+    up = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert receiver.acked_keys() == [k for k, _ in _log(config)]
