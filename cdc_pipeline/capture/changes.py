@@ -32,6 +32,7 @@ class RelationShape:
     pk_idx: tuple[int, ...]
     # Per column: when a value's text goes into the log's `texts` for a mirror (postgres/pgtypeinfo.py).
     text_rules: tuple[TextRule, ...] = ()
+    text_idx: tuple[int, ...] = ()  # the columns whose rule is not NEVER
 
     @classmethod
     def from_relation(cls, rel: Relation, primary_key: tuple[str, ...] | None,
@@ -39,6 +40,8 @@ class RelationShape:
         """``types``: the columns' types from the catalog (catalog.load_types); without them, built-in types
         are known by OID and every other value is its text as a JSON string."""
         names = tuple(c.name for c in rel.columns)
+        rules = tuple(mirror_plan(types[c.type_oid], "").rule if types and c.type_oid in types else TextRule.NEVER
+                      for c in rel.columns)
         if primary_key and all(k in names for k in primary_key):
             pk_idx = tuple(names.index(k) for k in primary_key)
         else:  # no primary key known: fall back to the replica identity's key columns
@@ -53,8 +56,8 @@ class RelationShape:
             encoders=tuple(fragment_for_type(types[c.type_oid]) if types and c.type_oid in types
                            else fragment_for(c.type_oid) for c in rel.columns),
             pk_idx=pk_idx,
-            text_rules=tuple(mirror_plan(types[c.type_oid], "").rule if types and c.type_oid in types
-                             else TextRule.NEVER for c in rel.columns),
+            text_rules=rules,
+            text_idx=tuple(i for i, r in enumerate(rules) if r is not TextRule.NEVER),
         )
 
 
@@ -73,9 +76,13 @@ def _encode(shape: RelationShape, values: tuple[object, ...]) -> list[str | None
 
 def _texts(shape: RelationShape, values: tuple[object, ...]) -> str | None:
     """The texts a mirror needs of this row's values (a JSON object), or None."""
-    pairs = [k + quote_name(escape_nul(v.decode()) if rule is TextRule.JSON else v.decode())
-             for k, rule, v in zip(shape.keys, shape.text_rules, values, strict=False)
-             if rule is not TextRule.NEVER and isinstance(v, bytes) and rule.wants(v)]  # not NULL, not TOAST
+    if not shape.text_idx:  # the common case: no column of the table ever needs its text
+        return None
+    pairs = []
+    for i in shape.text_idx:
+        v, rule = values[i], shape.text_rules[i]
+        if isinstance(v, bytes) and rule.wants(v):  # not NULL, not an unchanged TOAST value
+            pairs.append(shape.keys[i] + quote_name(escape_nul(v.decode()) if rule is TextRule.JSON else v.decode()))
     return "{" + ",".join(pairs) + "}" if pairs else None
 
 

@@ -54,29 +54,25 @@ _MAX_DSCALE: Final = 16383  # digits after it
 
 def _string_refusal(body: str) -> str | None:
     """Why jsonb refuses a json string's body (between the quotes), or None."""
-    high = False  # the previous escape was a high surrogate, right before this one
-    last_end = -1
+    pending = -1  # where the escape after a high surrogate escape must start (a low surrogate escape), or -1
     for m in _ESCAPE.finditer(body):
         esc = m.group(1)
-        if high and m.start() != last_end:
-            return "a high surrogate escape not followed by a low one"
-        if esc[0] != "u":
-            high = False
+        code = int(esc[1:], 16) if esc[0] == "u" else None
+        low = code is not None and 0xDC00 <= code <= 0xDFFF
+        if pending >= 0:
+            if not low or m.start() != pending:
+                return "a high surrogate escape not followed by a low one"
+            pending = -1
             continue
-        code = int(esc[1:], 16)
+        if code is None:
+            continue
         if code == 0:
             return "a NUL escape"
+        if low:
+            return "a low surrogate escape without a high one before it"
         if 0xD800 <= code <= 0xDBFF:
-            if high:
-                return "a high surrogate escape after a high surrogate escape"
-            high, last_end = True, m.end()
-        elif 0xDC00 <= code <= 0xDFFF:
-            if not high or m.start() != last_end:
-                return "a low surrogate escape without a high one before it"
-            high = False
-        else:
-            high = False
-    return "a high surrogate escape at the end of a string" if high else None
+            pending = m.end()
+    return "a high surrogate escape not followed by a low one" if pending >= 0 else None
 
 
 def _number_refusal(literal: str, exponent: str | None) -> str | None:
