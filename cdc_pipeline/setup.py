@@ -45,6 +45,7 @@ def check(config: PipelineConfig, sinks: bool = True) -> list[Finding]:
             privileges = catalog.privileges(conn, t.schema_name, t.table_name)
             owned[t.qualified] = privileges["owner"]
             out += _table_findings(t, info)
+            out += _value_findings(conn, config, t)
             if not privileges["select"]:
                 out.append(Finding("warning", t.qualified, "the user cannot read the table, so backfills of it "
                                    f"fail: GRANT SELECT ON {t.qualified} TO <user>"))
@@ -66,6 +67,24 @@ def check(config: PipelineConfig, sinks: bool = True) -> list[Finding]:
 
         out += postgres_sink_findings(config)
         out += validate_sinks(config, described)
+    return out
+
+
+def _value_findings(conn: psycopg.Connection, config: PipelineConfig, t: TableConfig) -> list[Finding]:
+    """Columns whose values arrive exactly only under conditions (README: Values exactly as PostgreSQL
+    holds them)."""
+    out: list[Finding] = []
+    mirrors = [s.name for s in config.sinks if t.qualified in s.tables
+               and getattr(s.destination, "type", None) == "postgres" and getattr(s.destination, "mode", None) == "mirror"]
+    monetary = catalog.setting(conn, "lc_monetary")
+    for column, why in catalog.inexact_columns(conn, t.schema_name, t.table_name).items():
+        if why == "money" and mirrors:
+            out.append(Finding("warning", t.qualified, f"column {column!r} is money, whose text depends on "
+                               f"lc_monetary ({monetary!r} here): mirror(s) {', '.join(mirrors)} hold it exactly only "
+                               "with the same lc_monetary; or ALTER the column to numeric"))
+        elif why == "jsonb cast":
+            out.append(Finding("warning", t.qualified, f"column {column!r} has a type with a cast to jsonb: records "
+                               "carry its text as a string, where to_jsonb(row) would use the cast"))
     return out
 
 

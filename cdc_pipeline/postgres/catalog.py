@@ -188,3 +188,24 @@ def load_types(conn: psycopg.Connection, oids: Iterable[int]) -> dict[int, PgTyp
         return t
 
     return {o: build(o) for o in {int(x) for x in oids}}
+
+
+# Columns whose values a pipeline cannot carry exactly everywhere: money prints by lc_monetary (a mirror
+# with another lc_monetary reads the text differently); a type with a cast to jsonb (an extension's, such
+# as hstore) is rendered by to_jsonb through the cast, while records carry its text.
+_INEXACT = """
+SELECT a.attname,
+       CASE WHEN a.atttypid IN ('money'::regtype, 'money[]'::regtype) THEN 'money'
+            ELSE 'jsonb cast' END
+FROM pg_attribute a
+WHERE a.attrelid = to_regclass(format('%%I.%%I', %s::text, %s::text)) AND a.attnum > 0 AND NOT a.attisdropped
+  AND (a.atttypid IN ('money'::regtype, 'money[]'::regtype)
+       OR EXISTS (SELECT 1 FROM pg_cast c WHERE c.castsource = a.atttypid AND c.casttarget = 'jsonb'::regtype
+                  AND a.atttypid >= 16384))
+ORDER BY a.attnum
+"""
+
+
+def inexact_columns(conn: psycopg.Connection, schema: str, name: str) -> dict[str, str]:
+    """Columns (name -> 'money' or 'jsonb cast') whose values are exact only under conditions (see _INEXACT)."""
+    return {str(r[0]): str(r[1]) for r in conn.execute(_INEXACT, (schema, name)).fetchall()}

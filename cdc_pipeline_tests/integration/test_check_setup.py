@@ -114,3 +114,15 @@ def test_a_slot_of_another_database_is_an_error(source_db: Database, db_factory,
     assert rc == 1, out
     problem = [e for e in lines(out, "error") if e.startswith("ERROR   slot:")]
     assert len(problem) == 1 and other.name in problem[0] and "source.slot" in problem[0], out
+
+
+def test_a_money_column_bound_for_a_mirror_is_a_warning_that_names_lc_monetary(source_db: Database,
+                                                                                tmp_path: Path) -> None:
+    """money prints by lc_monetary: a mirror holds it exactly only with the same setting (issue 20)."""
+    source_db.execute("CREATE TABLE prices (id int PRIMARY KEY, p money, ps money[], n numeric)")
+    path = write(tmp_path / "cdc.yaml", mirror_config(source_db.dsn, source_db.dsn, ["public.prices"]))
+    rc, out, err = run(path, "check")
+    assert rc == 0, out + err
+    warned = [w for w in lines(out, "warning") if "public.prices" in w and "lc_monetary" in w]
+    assert len(warned) == 2 and "'p'" in warned[0] and "'ps'" in warned[1], out
+    assert not [w for w in lines(out, "warning") if "'n'" in w], out
