@@ -236,6 +236,10 @@ def _raw_json(raw: bytes) -> str:
     return raw.decode()
 
 
+def _raw_string(raw: bytes) -> str:
+    return _quote(raw.decode())
+
+
 def _on_bytes(encode: TextFragment) -> Fragment:
     def fragment(raw: bytes) -> str:
         return encode(raw.decode())
@@ -245,6 +249,7 @@ def _on_bytes(encode: TextFragment) -> Fragment:
 
 _FAST: Final[dict[JsonKind, Fragment]] = {
     JsonKind.NUMBER: _raw_number, JsonKind.BOOL: _raw_bool, JsonKind.JSONB: _raw_json,
+    JsonKind.STRING: _raw_string, JsonKind.DATE: _raw_string,
 }
 
 
