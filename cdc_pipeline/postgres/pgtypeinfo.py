@@ -162,7 +162,8 @@ def mirror_plan(t: PgType, type_sql: str) -> MirrorPlan:
     if r.element is not None:
         e = resolved(r.element)
         if e.builtin and e.element is None and (r.builtin or e is not r.element):
-            element_sql = resolved_sql(r.element)
-            return MirrorPlan(type_sql if t is r and r.builtin else element_sql + "[]", _array_rule(e))
+            if r.builtin:  # a built-in array type, or a domain over one
+                return MirrorPlan(type_sql if t is r else resolved_sql(t), _array_rule(e))
+            return MirrorPlan(resolved_sql(r.element) + "[]", _array_rule(e))  # an array of domains
         return MirrorPlan("text[]", TextRule.BOUNDS if json_kind(e) is JsonKind.STRING else TextRule.ALWAYS)
     return MirrorPlan("text", TextRule.NEVER if json_kind(r) is JsonKind.STRING else TextRule.ALWAYS)
