@@ -24,8 +24,8 @@ import pyarrow as pa
 from pyspark.sql import SparkSession
 
 from cdc_pipeline.config import PipelineConfig, SinkConfig
+from cdc_pipeline.core.backoff import next_delay_ms
 from cdc_pipeline.delivery import backlog
-from cdc_pipeline.delivery.backoff import next_delay_ms
 from cdc_pipeline.delivery.dispatch import deliver_in_order
 from cdc_pipeline.delivery.ordering import position_of, split_held
 from cdc_pipeline.delivery.outage import DestinationDown, Liveness, all_down, transient

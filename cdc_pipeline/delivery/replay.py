@@ -20,12 +20,12 @@ from typing import Any
 
 from cdc_pipeline.config import ConfigError, PipelineConfig, redact
 from cdc_pipeline.config.base import qualify
+from cdc_pipeline.core.positions import Position
 from cdc_pipeline.delivery.engine import Deliverer, messages_from, send_lock
 from cdc_pipeline.delivery.spark_stage import SinkPlan
 from cdc_pipeline.postgres import session
 from cdc_pipeline.sinks.base import Sink
 from cdc_pipeline.state.replay_log import load_window, oldest_retained, trimmed_until
-from cdc_pipeline.state.store import Position
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import psycopg
 
-from cdc_pipeline.setup import setup
+from cdc_pipeline.admin.setup import setup
 from cdc_pipeline_tests.helpers import deliver, drain, mirror_config
 
 
@@ -36,7 +36,7 @@ def test_bad_and_foreign_routes_park_their_message_only(source_db, db_factory, w
 def test_check_reports_a_sink_role_that_cannot_create_its_tables(source_db, db_factory, write_config):
     from psycopg import conninfo
 
-    from cdc_pipeline.sink_grants import postgres_sink_findings
+    from cdc_pipeline.admin.grants import postgres_sink_findings
 
     dest = db_factory()
     source_db.execute("CREATE TABLE r (id int PRIMARY KEY)")

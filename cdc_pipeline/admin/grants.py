@@ -6,7 +6,7 @@ from __future__ import annotations
 import psycopg
 
 from cdc_pipeline.config import PipelineConfig, redact
-from cdc_pipeline.findings import Finding
+from cdc_pipeline.core.findings import Finding
 from cdc_pipeline.postgres import session
 from cdc_pipeline.postgres.keyset import parse_qualified
 
