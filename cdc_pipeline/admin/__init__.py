@@ -1,2 +1,2 @@
-"""Administration verbs over a pipeline: `setup` (setup.py), `check` (check.py), `status` (status.py) and the
-Postgres sinks' grants that `check` reports (grants.py)."""
+"""Administration verbs over a pipeline: `setup` (setup.py), `check` (check.py) and `status` (status.py).
+What they say about one sink's destination each sink type declares itself (sinks/base.py)."""

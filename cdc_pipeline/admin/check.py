@@ -60,10 +60,11 @@ def check(config: PipelineConfig, sinks: bool = True) -> list[Finding]:
         out.append(Finding("ok", "source", "ready for change data capture"
                            + (" once `cdc-pipeline setup` has created what is listed above" if todo else "")))
     if sinks:
-        from cdc_pipeline.admin.grants import postgres_sink_findings
         from cdc_pipeline.delivery.validate import validate_sinks  # imports pyspark: only when asked
+        from cdc_pipeline.sinks import sink_class
 
-        out += postgres_sink_findings(config)
+        for sink in config.sinks:  # what each sink's own destination lacks (a role's grants, say)
+            out += sink_class(sink).check_findings(sink)
         out += validate_sinks(config, described)
     return out
 
