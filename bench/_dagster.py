@@ -21,7 +21,7 @@ def run_through_dagster(cluster: embedded.EmbeddedPostgres, cfg: Path, state_dsn
                         quiet: float, work: Path) -> None:
     from dagster import DagsterInstance
 
-    from cdc_pipeline.dagster_dev import DagsterDev, storage_url
+    from cdc_pipeline.demo.dagster_dev import DagsterDev, storage_url
 
     cluster.create_database("dagster")
     storage = cluster.dsn("dagster")

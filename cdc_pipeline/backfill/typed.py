@@ -19,6 +19,8 @@ import psycopg
 
 from cdc_pipeline.config import PipelineConfig, SinkConfig
 from cdc_pipeline.postgres.pgtypeinfo import TYPE_SQL
+from cdc_pipeline.sinks import sink_class
+from cdc_pipeline.sinks.base import Sink
 from cdc_pipeline.state.typed_rows import Columns
 
 FIRST_USER_OID = 16384
@@ -41,10 +43,11 @@ ORDER BY a.attnum
 """
 
 
-def takes_typed(config: PipelineConfig, sink: SinkConfig) -> bool:
-    """A sink whose delivery writes typed reads as they are (delivery/engine.py decides the same at run time)."""
-    dest = sink.destination
-    if getattr(dest, "type", None) != "postgres" or getattr(dest, "mode", None) != "mirror":
+def takes_typed(config: PipelineConfig, sink: SinkConfig, sink_type: type[Sink] | None = None) -> bool:
+    """A sink whose delivery writes typed reads as they are: its type takes typed rows and its messages need
+    no record (no filter, transform, route or grouping by columns; delivery/spark_stage.py `needs_record`).
+    The one decision, asked by a backfill of the config's sink type and by delivery of the sink it built."""
+    if not (sink_type or sink_class(sink)).takes_typed_rows(sink):
         return False
     grouped = sink.message_grouping and any(t.group_columns for t in config.tables if t.qualified in sink.tables)
     return sink.stream == "changes" and not (sink.filter or sink.transform or sink.route or grouped)

@@ -34,7 +34,7 @@ from cdc_pipeline.capture.logwriter import LogWriter
 from cdc_pipeline.capture.reconcile import watermark_hooks
 from cdc_pipeline.capture.relations import learn_relation
 from cdc_pipeline.config import PipelineConfig, redact
-from cdc_pipeline.delivery.backoff import next_delay_ms
+from cdc_pipeline.core.backoff import next_delay_ms
 from cdc_pipeline.postgres import pgoutput, session
 from cdc_pipeline.postgres.replication import Keepalive, ReplicationStream, XLogData, status_interval
 from cdc_pipeline.postgres.session import SESSION_OPTIONS as SESSION_OPTIONS  # re-exported

@@ -17,6 +17,6 @@ from cdc_pipeline.cli.common import Verb, config_option, examples
 def demo(port: int, seconds: float | None, no_ui: bool) -> int:
     """Start a throwaway PostgreSQL cluster with sample tables and a steady write load, set up the
     pipeline and run it, with the Dagster UI unless --no-ui."""
-    from cdc_pipeline.demo import run_demo
+    from cdc_pipeline.demo.run import run_demo
 
     return run_demo(port=port, seconds=seconds, ui=not no_ui)

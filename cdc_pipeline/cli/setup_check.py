@@ -18,7 +18,7 @@ def check(ctx: click.Context) -> int:
 
     One finding per line: ERROR blocks capture (exit 1), WARNING works but loses something, TODO is what
     `setup` will create, OK passed."""
-    from cdc_pipeline.setup import check as run_check
+    from cdc_pipeline.admin.check import check as run_check
 
     findings = run_check(load(ctx))
     for f in findings:
@@ -33,7 +33,7 @@ def check(ctx: click.Context) -> int:
 def setup(ctx: click.Context) -> int:
     """Create the publication, the replication slot (pgoutput) and the state schema; idempotent, and adds
     newly configured tables to the publication. Refuses, creating nothing, while `check` finds an error."""
-    from cdc_pipeline.setup import setup as run_setup
+    from cdc_pipeline.admin.setup import setup as run_setup
 
     done = run_setup(load(ctx))
     print("\n".join(done) if done else "nothing to do: publication, slot and state schema exist")

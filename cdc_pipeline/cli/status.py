@@ -17,7 +17,7 @@ from cdc_pipeline.cli.common import Verb, config_option, examples, load
 def status(ctx: click.Context, as_json: bool) -> int:
     """Slot lag and whether a drain consumes it, log size, sink offsets and lag, parked and discarded
     messages, backfills and their checkpoints."""
-    from cdc_pipeline import status as report
+    from cdc_pipeline.admin import status as report
 
     data = report.collect(load(ctx))
     print(json.dumps(data, indent=2, default=str) if as_json else report.render(data))

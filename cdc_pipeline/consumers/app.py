@@ -16,7 +16,6 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from typing import Annotated, Any
 
 import psycopg
@@ -30,8 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from cdc_pipeline.config import PipelineConfig
 from cdc_pipeline.postgres import session
-from cdc_pipeline.sinks.base import SinkConfigError
-from cdc_pipeline.sinks.http_pull import HttpPullDestination
+from cdc_pipeline.sinks.http_pull.consumers import Consumer, consumers_of
 from cdc_pipeline.state.pull_queue import NOTIFY_CHANNEL, PullQueue
 
 log = logging.getLogger(__name__)
@@ -68,29 +66,6 @@ class SettleRequest(BaseModel):
 class SettleResponse(BaseModel):
     settled: int = Field(description="how many of the ids were acknowledged (or released)")
     stale: list[str] = Field(description="ids whose lease had expired or that were handed out again since")
-
-
-@dataclass(frozen=True)
-class Consumer:
-    name: str
-    token: str
-    visibility_timeout_ms: int
-    max_deliveries: int | None
-
-
-def consumers_of(config: PipelineConfig, environ: Mapping[str, str] = os.environ) -> dict[str, Consumer]:
-    """The http_pull sinks of the config, with their tokens read from the environment."""
-    out: dict[str, Consumer] = {}
-    for sink in config.sinks:
-        dest = sink.destination
-        if not isinstance(dest, HttpPullDestination):
-            continue
-        token = environ.get(dest.token_env)
-        if not token:
-            raise SinkConfigError(f"http_pull sink {sink.name!r}: environment variable {dest.token_env} "
-                                  "(token_env) is not set")
-        out[sink.name] = Consumer(sink.name, token, dest.visibility_timeout_ms, dest.max_deliveries)
-    return out
 
 
 def authenticate(consumers: Mapping[str, Consumer], name: str, token: str | None) -> Consumer | int:

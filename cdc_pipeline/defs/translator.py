@@ -12,6 +12,7 @@ from __future__ import annotations
 from dagster import AssetKey, AssetSpec
 
 from cdc_pipeline.config import PipelineConfig, SinkConfig, TableConfig
+from cdc_pipeline.sinks import sink_class
 
 TABLE_NAME = "dagster/table_name"
 
@@ -39,14 +40,11 @@ class CdcTranslator:
         )
 
     def sink_metadata(self, sink: SinkConfig) -> dict[str, str]:
-        """`dagster/table_name` for a postgres sink that writes one table; every table it writes either way."""
-        dest = sink.destination
-        pattern = getattr(dest, "table", None)
-        if dest.type != "postgres" or not isinstance(pattern, str):
-            return {}
-        tables = sorted({pattern.replace("{schema}", t.partition(".")[0]).replace("{table}", t.partition(".")[2])
-                         for t in sink.tables})
-        out = {"destination_tables": ", ".join(tables)}
+        """What the sink's type says of its asset (sinks/base.py), and `dagster/table_name` for a sink that
+        writes one table."""
+        cls = sink_class(sink)
+        out = cls.asset_metadata(sink)
+        tables = cls.destination_tables(sink)
         if len(tables) == 1:
             out[TABLE_NAME] = tables[0]
         return out

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from cdc_pipeline.core.positions import Position
 from cdc_pipeline.delivery.ordering import GroupOrder, position_of
 from cdc_pipeline.sinks.base import OutboundMessage, Sink, SinkUnavailable, Unreachable
-from cdc_pipeline.state.store import Position
 
 
 def deliver_in_order(sink: Sink, messages: Sequence[OutboundMessage],

@@ -23,9 +23,10 @@ import psycopg
 import pyarrow as pa
 from pyspark.sql import SparkSession
 
+from cdc_pipeline.backfill.typed import takes_typed
 from cdc_pipeline.config import PipelineConfig, SinkConfig
+from cdc_pipeline.core.backoff import next_delay_ms
 from cdc_pipeline.delivery import backlog
-from cdc_pipeline.delivery.backoff import next_delay_ms
 from cdc_pipeline.delivery.dispatch import deliver_in_order
 from cdc_pipeline.delivery.ordering import position_of, split_held
 from cdc_pipeline.delivery.outage import DestinationDown, Liveness, all_down, transient
@@ -90,8 +91,7 @@ class Deliverer(Staging, Parking, Relaying):
         self.batch_size = sink_config.batch_size or config.delivery.batch_size
         # Typed reads go to the sink as typed rows only on the Arrow path of a sink that writes them as they
         # are; everything else loads them as JSON (backfill/typed.py).
-        self.typed_rows = bool(not dry_run and not self.plan.needs_record and sink_config.stream == "changes"
-                               and getattr(self.sink, "takes_typed_rows", False))
+        self.typed_rows = self.sink is not None and takes_typed(config, sink_config, type(self.sink))
         self._stop = threading.Event()
         self._keys: dict[str, tuple[str, ...]] = {}  # row streams: primary key columns per table
         self._resyncs: list[threading.Thread] = []  # backfills re-syncing a row stream (backlog.py)
@@ -168,9 +168,7 @@ class Deliverer(Staging, Parking, Relaying):
                 if self.sink is not None:
                     self.sink.open()
                     self.sink.prepare(lambda table: self._table_info(conn, table))
-                    bind = getattr(self.sink, "bind_state", None)
-                    if bind is not None:  # http_pull: queues in this connection's offset transaction
-                        bind(conn, self.config.state.schema_name)
+                    self.sink.bind_state(conn, self.config.state.schema_name)
                 offset = self.store.sink_offset(conn, name)
                 if self.sink is not None:
                     held = self.sink.position()

@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Collection, Iterable, Sequence
 
+from cdc_pipeline.core.positions import Position
 from cdc_pipeline.sinks.base import NotSent, OutboundMessage
-from cdc_pipeline.state.store import Position
 
 HELD = "held behind an earlier failed message of its group"
 _UNDECIDED = NotSent("\x00undecided")  # placeholder; never returned (compared by identity)

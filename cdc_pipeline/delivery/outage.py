@@ -19,9 +19,9 @@ from collections.abc import Sequence
 
 import psycopg
 
+from cdc_pipeline.core.positions import Position
 from cdc_pipeline.delivery.ordering import HELD
 from cdc_pipeline.sinks.base import SinkUnavailable, Unreachable
-from cdc_pipeline.state.store import Position
 
 # SQLSTATE classes that heal by themselves: connection exception, insufficient resources, operator
 # intervention (shutdown, cancel), system error, transaction rollback.

@@ -13,7 +13,7 @@ import psycopg
 import pyarrow as pa
 
 from cdc_pipeline.config import SinkConfig
-from cdc_pipeline.delivery.backoff import next_delay_ms
+from cdc_pipeline.core.backoff import next_delay_ms
 from cdc_pipeline.delivery.ordering import HELD, position_of, split_held
 from cdc_pipeline.delivery.outage import Liveness
 from cdc_pipeline.delivery.staging import NotIsolated, StageFailure

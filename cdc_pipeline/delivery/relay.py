@@ -36,13 +36,12 @@ class Relaying:
         none of the sink's groups is parked. False: nothing was delivered (rejected by the destination, or
         a parked group): the caller sends the run message by message."""
         name = self.sink_config.name
-        take = getattr(self.sink, "deliver_typed_run", None)
-        if take is None or (self.sink_config.message_grouping and self.store.parked_groups(conn, name)):
+        if self.sink_config.message_grouping and self.store.parked_groups(conn, name):
             return False
-        assert self.sink is not None
+        assert self.sink is not None  # a run is read only for a sink that takes typed rows
         self.sink.hold_position_below(None)  # nothing of the run is parked
         with self.store.relay_rows(source, self.sink_config.tables, after, run, name) as blocks:
-            error = take(run, blocks)
+            error = self.sink.deliver_typed_run(run, blocks)
         source.commit()
         if error is not None:
             log.info("sink %s: a run of %d typed reads was rejected (%s); delivering it message by message",

@@ -20,12 +20,12 @@ from typing import Any
 
 from cdc_pipeline.config import ConfigError, PipelineConfig, redact
 from cdc_pipeline.config.base import qualify
+from cdc_pipeline.core.positions import Position
 from cdc_pipeline.delivery.engine import Deliverer, messages_from, send_lock
 from cdc_pipeline.delivery.spark_stage import SinkPlan
 from cdc_pipeline.postgres import session
 from cdc_pipeline.sinks.base import Sink
 from cdc_pipeline.state.replay_log import load_window, oldest_retained, trimmed_until
-from cdc_pipeline.state.store import Position
 
 log = logging.getLogger(__name__)
 
@@ -107,9 +107,7 @@ def replay(config: PipelineConfig, sink_name: str, start: datetime, end: datetim
             # after it older than the offset, so it is replayed from the window's start up to the offset.
             through = end if not target.holds_rows else None
             target.prepare(lambda t: store.table_info(conn, t))
-            bind = getattr(target, "bind_state", None)
-            if bind is not None:
-                bind(conn, config.state.schema_name)
+            target.bind_state(conn, config.state.schema_name)
             after: Position = (0, -1)
             log.info("replaying %s changes committed in [%s, %s) to sink %s (up to its offset %s:%s)",
                      ",".join(tables), start, through or "now", sink_name, *upto)

@@ -16,7 +16,8 @@ from decimal import Decimal
 import pyarrow as pa
 import pyarrow.compute as pc
 
-Position = tuple[int, int]
+from cdc_pipeline.core.positions import Position
+
 # 'schema.table' -> its primary key columns, in key order
 KeyColumns = Callable[[str], Sequence[str]]
 

@@ -22,6 +22,7 @@ from pyspark.sql import types as T
 
 from cdc_pipeline.config import PipelineConfig, SinkConfig, SparkConfig
 from cdc_pipeline.postgres.oids import ARRAY_ELEMENT, OID
+from cdc_pipeline.sinks import sink_class
 
 OUTPUT_COLUMNS = ("commit_lsn", "commit_idx", "group_key", "route", "payload")
 # A null field stays in the message as null (Spark's to_json drops null fields by default).
@@ -232,16 +233,15 @@ def empty_output() -> pa.Table:
 
 
 def takes_truncate(sink: SinkConfig) -> bool:
-    # TRUNCATE is not a message action; only a mirror can act on it.
-    d = sink.destination
-    return d.type == "postgres" and d.mode == "mirror"
+    """TRUNCATE is not a message action: only a sink that can act on it (a mirror) is handed it."""
+    return sink_class(sink).takes_truncates(sink)
 
 
 def takes_texts(sink: SinkConfig) -> bool:
     """A mirror's messages carry the log's ``texts`` (values whose JSON does not give the mirror the source's
     value back; postgres/pgtypeinfo.py) under a ``texts`` key no consumer sees. Not with a transform: the
     values it computes are the ones to write."""
-    return takes_truncate(sink) and not sink.transform
+    return sink_class(sink).takes_texts(sink) and not sink.transform
 
 
 def _sorted(table: pa.Table) -> pa.Table:

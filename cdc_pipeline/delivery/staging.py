@@ -11,10 +11,10 @@ from pyspark.errors import AnalysisException, ParseException
 from pyspark.sql import SparkSession
 
 from cdc_pipeline.config import SinkConfig
+from cdc_pipeline.core.positions import Position
 from cdc_pipeline.delivery import rows
 from cdc_pipeline.delivery.arrow_stage import run_arrow_stage
 from cdc_pipeline.delivery.spark_stage import SinkPlan, empty_output, group_keys, run_stage
-from cdc_pipeline.state.store import Position
 
 log = logging.getLogger("cdc_pipeline.delivery.engine")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cdc_pipeline.state.store import Position
+from cdc_pipeline.core.positions import Position
 
 
 @dataclass

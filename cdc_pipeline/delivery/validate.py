@@ -16,8 +16,8 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from cdc_pipeline.config import PipelineConfig, SinkConfig
+from cdc_pipeline.core.findings import Finding
 from cdc_pipeline.delivery import spark_stage
-from cdc_pipeline.findings import Finding
 from cdc_pipeline.postgres.catalog import ColumnInfo, TableInfo
 from cdc_pipeline.state.store import LOG_ARROW_SCHEMA
 

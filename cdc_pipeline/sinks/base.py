@@ -24,10 +24,14 @@ Contract (what the delivery engine relies on):
   message sent failed that way as an outage of the destination (not counted against any message),
   and counts such an error against a message only once the destination has accepted other messages.
 * Errors never contain secrets: no header values, no passwords or tokens from URLs.
-* Optional: a sink that declares `takes_typed_rows` may also offer `deliver_typed_run(run, blocks)` for
-  a run of the log made only of typed reads, relayed as COPY text blocks (state/typed_log.py; no message
-  per row): all of it applied (None) or none of it (an error; the engine then hands the run over message
-  by message).
+* A sink whose class says `takes_typed_rows` implements `deliver_typed_run(run, blocks)` for a run of the
+  log made only of typed reads, relayed as COPY text blocks (state/typed_log.py; no message per row): all
+  of it applied (None) or none of it (an error; the engine then hands the run over message by message).
+
+Capabilities: what the engine, `status`, `check` and Dagster ask of a sink type, never its type name. They
+are class methods given the sink's config, so a place that builds no client (a backfill, `status`,
+`check`, the Dagster definitions) asks the class (`sinks.sink_class`); the defaults describe a plain message
+sink, and a sink package overrides what its destination does differently.
 """
 
 from __future__ import annotations
@@ -35,15 +39,21 @@ from __future__ import annotations
 import abc
 import concurrent.futures
 import contextlib
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, NamedTuple, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
-T = TypeVar("T")
+from cdc_pipeline.core.findings import Finding
 
+if TYPE_CHECKING:  # a sink package's schema half imports this module: no psycopg nor state/ at load
+    import psycopg
+
+    from cdc_pipeline.state.typed_log import TypedRun
+
+T = TypeVar("T")
 
 
 class TypedRow(NamedTuple):
@@ -94,6 +104,7 @@ class SinkConfigLike(Protocol):
     """The part of `cdc_pipeline.config.SinkConfig` a sink reads."""
 
     name: str
+    tables: list[str]
     destination: Any
 
 
@@ -130,6 +141,53 @@ class Sink(abc.ABC):
         """The earliest message of the batch in progress that the engine parks (held back behind its
         group, failed at the destination or by the transform): it is recorded only in the engine's later
         commit, so a sink that commits its own `position()` must not record one at or past it."""
+
+    def bind_state(self, conn: psycopg.Connection, schema: str) -> None:  # noqa: B027
+        """Receive the engine's state connection, whose transaction commits the offset (http_pull queues
+        its messages in it); called after `open`."""
+
+    def deliver_typed_run(self, run: TypedRun, blocks: Iterable[bytes]) -> str | None:
+        """A run of typed reads, all applied (None) or none (an error); only for `takes_typed_rows`."""
+        raise NotImplementedError(f"{type(self).__name__} does not take typed rows")
+
+    # -- capabilities (see the module doc) ----------------------------------------------------------------
+    @classmethod
+    def takes_truncates(cls, sink_config: SinkConfigLike) -> bool:
+        """TRUNCATE is no message action: only a sink that can act on it (a mirror) is handed it."""
+        return False
+
+    @classmethod
+    def takes_texts(cls, sink_config: SinkConfigLike) -> bool:
+        """Its messages carry the log's ``texts`` (values whose JSON does not give the source's value back;
+        postgres/pgtypeinfo.py) under a key no consumer sees: for a sink that writes the source's values."""
+        return False
+
+    @classmethod
+    def takes_typed_rows(cls, sink_config: SinkConfigLike) -> bool:
+        """Backfill reads may reach it typed (`TypedRow`, no record) and in runs (`deliver_typed_run`)."""
+        return False
+
+    @classmethod
+    def destination_tables(cls, sink_config: SinkConfigLike) -> list[str]:
+        """The tables it writes, 'schema.table', sorted (for a sink that writes tables)."""
+        return []
+
+    @classmethod
+    def asset_metadata(cls, sink_config: SinkConfigLike) -> dict[str, str]:
+        """Metadata of its Dagster asset (never a secret)."""
+        tables = cls.destination_tables(sink_config)
+        return {"destination_tables": ", ".join(tables)} if tables else {}
+
+    @classmethod
+    def check_findings(cls, sink_config: SinkConfigLike) -> list[Finding]:
+        """What `check` says about its destination (may connect to it): one finding per problem, with the
+        fix; nothing for a destination that is ready."""
+        return []
+
+    @classmethod
+    def status(cls, sink_config: SinkConfigLike, conn: psycopg.Connection, schema: str) -> dict[str, Any]:
+        """Figures of its own for `status`, read from the state database (schema ``schema``)."""
+        return {}
 
     def __enter__(self) -> Sink:
         self.open()

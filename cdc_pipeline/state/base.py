@@ -6,8 +6,9 @@ from dataclasses import dataclass
 
 from psycopg import sql
 
-# A place in the change log: (commit_lsn, commit_idx).
-Position = tuple[int, int]
+from cdc_pipeline.core.positions import Position
+
+__all__ = ["Position", "SchemaStore", "StateError"]
 
 
 class StateError(Exception):

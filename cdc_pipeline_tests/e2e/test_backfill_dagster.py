@@ -12,8 +12,8 @@ from pathlib import Path
 import psycopg
 from dagster import DagsterEventType, DagsterInstance, build_schedule_context
 
+from cdc_pipeline.admin.setup import setup
 from cdc_pipeline.defs.backfill import BACKFILL_TAGS, CHECK_NAME, backfill_asset_key, backfill_job_name
-from cdc_pipeline.setup import setup
 from cdc_pipeline.state.backfills import BackfillStore
 from cdc_pipeline_tests.helpers import deliver, rows
 from cdc_pipeline_tests.integration.test_backfill import backfill_config, drain_running, log_reads

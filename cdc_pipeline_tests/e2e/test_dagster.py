@@ -11,10 +11,10 @@ import psycopg
 import yaml
 from dagster import AssetKey, DagsterInstance, RunRequest, build_sensor_context
 
+from cdc_pipeline.admin.setup import setup
 from cdc_pipeline.defs.capture import DRAIN_JOB
 from cdc_pipeline.defs.delivery import SINK_TAG
 from cdc_pipeline.defs.health import PARKED_CHECK, SINK_LAG_CHECK, SLOT_LAG_CHECK
-from cdc_pipeline.setup import setup
 from cdc_pipeline.state.store import Store
 from cdc_pipeline_tests.helpers import assert_mirrored, drain, mirror_config
 

@@ -23,9 +23,9 @@ from dagster import (
     RunsFilter,
 )
 
-from cdc_pipeline.dagster_dev import DagsterDev, storage_url
+from cdc_pipeline.admin.setup import setup
 from cdc_pipeline.defs.capture import DRAIN_JOB
-from cdc_pipeline.setup import setup
+from cdc_pipeline.demo.dagster_dev import DagsterDev, storage_url
 from cdc_pipeline_tests.helpers import assert_mirrored, mirror_config
 
 LAG_TRIGGER = """

@@ -9,9 +9,9 @@ import psycopg
 import redis
 from dagster import DagsterInstance
 
+from cdc_pipeline.admin.setup import setup
 from cdc_pipeline.defs import build_definitions
 from cdc_pipeline.defs.replay import REPLAY_JOB
-from cdc_pipeline.setup import setup
 from cdc_pipeline.state.store import Store
 from cdc_pipeline_tests.helpers import deliver, drain, mirror_config
 

@@ -3,8 +3,8 @@ mirror sink. The one API sync test that runs Spark."""
 
 from __future__ import annotations
 
+from cdc_pipeline.admin.setup import setup
 from cdc_pipeline.api_sync.loop import ApiSync
-from cdc_pipeline.setup import setup
 from cdc_pipeline_tests.api_fakes import FakeApi
 from cdc_pipeline_tests.helpers import assert_mirrored, mirror_config, sync
 from cdc_pipeline_tests.integration.test_api_sync import sf_source, table

@@ -10,7 +10,7 @@ from typing import Any
 
 import psycopg
 
-from cdc_pipeline.setup import setup
+from cdc_pipeline.admin.setup import setup
 from cdc_pipeline_tests.conftest import Database
 from cdc_pipeline_tests.helpers import drain, mirror_config
 from cdc_pipeline_tests.integration.test_cli_errors import CLI

@@ -6,9 +6,9 @@ import json
 
 import psycopg
 
+from cdc_pipeline.admin.setup import setup
 from cdc_pipeline.delivery.arrow_stage import run_arrow_stage
 from cdc_pipeline.delivery.spark_stage import SinkPlan, run_stage
-from cdc_pipeline.setup import setup
 from cdc_pipeline.state.store import Store
 from cdc_pipeline_tests.helpers import drain, mirror_config
 

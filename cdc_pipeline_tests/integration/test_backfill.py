@@ -16,7 +16,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from cdc_pipeline import status
+from cdc_pipeline.admin import status
+from cdc_pipeline.admin.setup import setup
 from cdc_pipeline.backfill.engine import Backfiller, BackfillRequest, Progress
 from cdc_pipeline.backfill.watermark import WATERMARK_PREFIX, Snapshot, Watermark
 from cdc_pipeline.capture.drain import Drain
@@ -25,7 +26,6 @@ from cdc_pipeline.cli import main as cli_main
 from cdc_pipeline.config import PipelineConfig
 from cdc_pipeline.delivery.engine import Deliverer
 from cdc_pipeline.postgres.pgoutput import LogicalMessage
-from cdc_pipeline.setup import setup
 from cdc_pipeline.state.backfills import BackfillConflict, BackfillStore
 from cdc_pipeline.state.schema import ensure_schema
 from cdc_pipeline_tests.helpers import assert_mirrored, deliver, drain, mirror_config, rows

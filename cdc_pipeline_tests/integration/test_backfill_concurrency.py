@@ -21,9 +21,9 @@ from typing import Any
 import psycopg
 import pytest
 
+from cdc_pipeline.admin.setup import setup
 from cdc_pipeline.backfill.engine import Backfiller, BackfillRequest
 from cdc_pipeline.config import PipelineConfig
-from cdc_pipeline.setup import setup
 from cdc_pipeline.state.backfills import BackfillStore
 from cdc_pipeline_tests.helpers import assert_mirrored, deliver, drain
 from cdc_pipeline_tests.integration.test_backfill import backfill_config, drain_running, wait_for

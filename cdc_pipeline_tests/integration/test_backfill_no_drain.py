@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 import threading
 
-from cdc_pipeline import status
+from cdc_pipeline.admin import status
+from cdc_pipeline.admin.setup import setup
 from cdc_pipeline.backfill.engine import Backfiller, BackfillRequest, Progress
 from cdc_pipeline.cli import main as cli_main
-from cdc_pipeline.setup import setup
 from cdc_pipeline_tests.integration.test_backfill import backfill_config, drain_running, log_reads, wait_for
 
 FIXES = ("cdc-pipeline drain", "--drain", "cdc_drain_sensor")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import psycopg
 
-from cdc_pipeline.setup import setup
+from cdc_pipeline.admin.setup import setup
 from cdc_pipeline_tests.helpers import assert_mirrored, deliver
 from cdc_pipeline_tests.integration.test_backfill import backfill, backfill_config, pages_of
 from cdc_pipeline_tests.integration.test_core_mirror import INSERT_ALL, TYPES_DDL

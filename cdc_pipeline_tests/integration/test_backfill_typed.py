@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from cdc_pipeline.setup import setup
+from cdc_pipeline.admin.setup import setup
 from cdc_pipeline_tests.helpers import assert_mirrored, deliver, drain
 from cdc_pipeline_tests.integration.test_backfill import backfill, backfill_config
 

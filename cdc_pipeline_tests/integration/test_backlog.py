@@ -10,10 +10,10 @@ import pytest
 from dagster import AssetKey
 from psycopg import conninfo
 
-from cdc_pipeline import status
+from cdc_pipeline.admin import status
+from cdc_pipeline.admin.setup import setup
 from cdc_pipeline.defs.health import SINK_LAG_CHECK, sink_checks, sink_figures
 from cdc_pipeline.delivery.backlog import BacklogExceeded
-from cdc_pipeline.setup import setup
 from cdc_pipeline.state.store import Store
 from cdc_pipeline_tests.helpers import assert_mirrored, deliver, drain, mirror_config, rows, wait_until
 from cdc_pipeline_tests.integration.test_backfill import drain_running

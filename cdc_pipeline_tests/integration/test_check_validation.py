@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 import yaml
 
+from cdc_pipeline.admin.setup import setup
 from cdc_pipeline.cli import main
 from cdc_pipeline.config import PipelineConfig, load_config
 from cdc_pipeline.delivery.validate import validate_sinks
-from cdc_pipeline.setup import setup
 from cdc_pipeline_tests.conftest import Database
 
 EXAMPLE = "cdc_pipeline_tests.transforms_example"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cdc_pipeline.setup import setup
+from cdc_pipeline.admin.setup import setup
 from cdc_pipeline_tests.helpers import assert_mirrored, deliver, drain, mirror_config, sync
 
 TYPES_DDL = """

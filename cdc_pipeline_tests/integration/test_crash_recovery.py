@@ -27,8 +27,8 @@ import psycopg
 import pytest
 import yaml
 
+from cdc_pipeline.admin.setup import setup
 from cdc_pipeline.config import PipelineConfig
-from cdc_pipeline.setup import setup
 from cdc_pipeline_tests.conftest import Database
 from cdc_pipeline_tests.helpers import assert_mirrored, deliver, drain, mirror_config, wait_until
 

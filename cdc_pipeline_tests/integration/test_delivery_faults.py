@@ -16,11 +16,11 @@ from typing import Any
 import psycopg
 import pytest
 
-from cdc_pipeline import status
+from cdc_pipeline.admin import status
+from cdc_pipeline.admin.setup import setup
 from cdc_pipeline.config import PipelineConfig
 from cdc_pipeline.delivery.engine import Deliverer, DeliveryStats
 from cdc_pipeline.postgres import embedded
-from cdc_pipeline.setup import setup
 from cdc_pipeline_tests.conftest import Database, _drop
 from cdc_pipeline_tests.helpers import assert_mirrored, drain, mirror_config, wait_until
 from cdc_pipeline_tests.integration.test_delivery_outage import Background

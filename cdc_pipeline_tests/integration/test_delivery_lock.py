@@ -8,7 +8,7 @@ import subprocess
 import threading
 from collections import Counter
 
-from cdc_pipeline.setup import setup
+from cdc_pipeline.admin.setup import setup
 from cdc_pipeline_tests.helpers import drain, mirror_config, wait_until
 from cdc_pipeline_tests.integration.test_cli_errors import CLI
 from cdc_pipeline_tests.integration.test_sink_webhook import Receiver

@@ -18,11 +18,11 @@ from typing import Any
 import psycopg
 import pytest
 
-from cdc_pipeline import status
+from cdc_pipeline.admin import status
+from cdc_pipeline.admin.setup import setup
 from cdc_pipeline.capture.drain import Drain
 from cdc_pipeline.config import PipelineConfig
 from cdc_pipeline.delivery.engine import Deliverer, DeliveryStats
-from cdc_pipeline.setup import setup
 from cdc_pipeline_tests import helpers
 from cdc_pipeline_tests.conftest import Database
 from cdc_pipeline_tests.helpers import wait_until

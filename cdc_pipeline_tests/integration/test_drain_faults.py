@@ -25,11 +25,11 @@ import pytest
 import yaml
 from psycopg import sql
 
+from cdc_pipeline.admin.setup import setup
 from cdc_pipeline.capture.drain import Drain
 from cdc_pipeline.capture.reconcile import Reconciler
 from cdc_pipeline.config import PipelineConfig
 from cdc_pipeline.postgres import embedded
-from cdc_pipeline.setup import setup
 from cdc_pipeline_tests.conftest import Database, _drop
 from cdc_pipeline_tests.helpers import assert_mirrored, deliver
 from cdc_pipeline_tests.integration.test_crash_recovery import (

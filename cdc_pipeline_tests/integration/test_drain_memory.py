@@ -22,8 +22,8 @@ from typing import Any
 import psutil
 import pytest
 
+from cdc_pipeline.admin.setup import setup
 from cdc_pipeline.config import PipelineConfig
-from cdc_pipeline.setup import setup
 from cdc_pipeline_tests.conftest import Database
 from cdc_pipeline_tests.helpers import assert_mirrored, deliver, mirror_config
 

@@ -12,11 +12,11 @@ import psycopg
 import pytest
 from psycopg import conninfo
 
+from cdc_pipeline.admin.setup import setup
 from cdc_pipeline.capture.drain import Drain
 from cdc_pipeline.config import PipelineConfig
 from cdc_pipeline.postgres import pgoutput, session
 from cdc_pipeline.postgres.replication import ReplicationStream
-from cdc_pipeline.setup import setup
 from cdc_pipeline_tests.conftest import Database
 
 

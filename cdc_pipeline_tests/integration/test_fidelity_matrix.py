@@ -22,9 +22,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from cdc_pipeline.admin.setup import setup
 from cdc_pipeline.capture.json_text import escape_nul
 from cdc_pipeline.config import PipelineConfig, load_config
-from cdc_pipeline.setup import setup
 from cdc_pipeline_tests import fidelity_values as fv
 from cdc_pipeline_tests.conftest import Database, _drop
 from cdc_pipeline_tests.helpers import deliver, drain

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import psycopg
 
+from cdc_pipeline.admin.setup import setup
 from cdc_pipeline.capture.relations import choose_key
 from cdc_pipeline.postgres.pgoutput import Column, Relation
-from cdc_pipeline.setup import setup
 from cdc_pipeline_tests.helpers import drain, mirror_config
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import psycopg
 
+from cdc_pipeline.admin.setup import setup
 from cdc_pipeline.capture.json_text import escape_nul
-from cdc_pipeline.setup import setup
 from cdc_pipeline_tests.helpers import deliver, drain, rows
 from cdc_pipeline_tests.integration.test_backfill import backfill, backfill_config, log_reads
 

@@ -7,8 +7,8 @@ import time
 
 import psycopg
 
+from cdc_pipeline.admin.setup import setup
 from cdc_pipeline.cli import main
-from cdc_pipeline.setup import setup
 from cdc_pipeline_tests.helpers import assert_mirrored, deliver, drain, mirror_config
 
 

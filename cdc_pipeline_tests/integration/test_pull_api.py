@@ -19,7 +19,7 @@ import psycopg
 import pytest
 import yaml
 
-from cdc_pipeline import status
+from cdc_pipeline.admin import status
 from cdc_pipeline.config import PipelineConfig, load_config
 from cdc_pipeline.sinks import build_sink
 from cdc_pipeline.sinks.base import OutboundMessage

@@ -15,7 +15,7 @@ from typing import Any
 
 import psycopg
 
-from cdc_pipeline.setup import setup
+from cdc_pipeline.admin.setup import setup
 from cdc_pipeline_tests.helpers import deliver, drain
 from cdc_pipeline_tests.pull import KILLED, Server, read_records, spawn_worker
 

@@ -8,8 +8,8 @@ import threading
 
 import psycopg
 
+from cdc_pipeline.admin.setup import setup
 from cdc_pipeline.capture.drain import Drain
-from cdc_pipeline.setup import setup
 from cdc_pipeline.state.backfills import BackfillStore
 from cdc_pipeline_tests.helpers import backfill_page
 from cdc_pipeline_tests.integration.test_backfill import backfill_config

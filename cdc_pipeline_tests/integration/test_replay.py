@@ -11,8 +11,8 @@ from typing import Any
 import psycopg
 import redis
 
+from cdc_pipeline.admin.setup import setup
 from cdc_pipeline.cli import main as cli_main
-from cdc_pipeline.setup import setup
 from cdc_pipeline.state.store import Store
 from cdc_pipeline_tests.helpers import deliver, drain, mirror_config
 

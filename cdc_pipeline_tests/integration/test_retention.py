@@ -9,7 +9,7 @@ import time
 
 import psycopg
 
-from cdc_pipeline.setup import setup
+from cdc_pipeline.admin.setup import setup
 from cdc_pipeline.state.store import Store
 from cdc_pipeline_tests.helpers import assert_mirrored, backfill_page, deliver, drain
 from cdc_pipeline_tests.integration.test_backfill import backfill_config

@@ -9,7 +9,7 @@ from typing import Any
 
 import psycopg
 
-from cdc_pipeline.setup import setup
+from cdc_pipeline.admin.setup import setup
 from cdc_pipeline_tests.helpers import assert_mirrored, deliver, drain, mirror_config
 from cdc_pipeline_tests.integration.test_backfill import backfill
 

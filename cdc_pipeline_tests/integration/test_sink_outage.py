@@ -8,8 +8,8 @@ import psycopg
 import pytest
 import redis
 
+from cdc_pipeline.admin.setup import setup
 from cdc_pipeline.capture.drain import Drain
-from cdc_pipeline.setup import setup
 from cdc_pipeline.sinks.base import SinkUnavailable
 from cdc_pipeline_tests.helpers import deliver
 from cdc_pipeline_tests.netfaults import TcpProxy

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
-from cdc_pipeline.setup import setup
+from cdc_pipeline.admin.setup import setup
 from cdc_pipeline.sinks.base import OutboundMessage
 from cdc_pipeline.sinks.parquet.client import ParquetSink
 from cdc_pipeline_tests.helpers import deliver, drain

@@ -6,7 +6,7 @@ import json
 
 import psycopg
 
-from cdc_pipeline.setup import setup
+from cdc_pipeline.admin.setup import setup
 from cdc_pipeline_tests.helpers import deliver, drain
 
 

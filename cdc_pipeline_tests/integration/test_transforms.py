@@ -27,10 +27,10 @@ import redis
 import yaml
 from psycopg import sql
 
+from cdc_pipeline.admin.setup import setup
 from cdc_pipeline.cli import main
 from cdc_pipeline.config import PipelineConfig, load_config
 from cdc_pipeline.delivery.spark_stage import SinkPlan, consumer_id, run_stage
-from cdc_pipeline.setup import setup
 from cdc_pipeline.state.store import Position, Store
 from cdc_pipeline_tests.conftest import Database, _drop
 from cdc_pipeline_tests.helpers import deliver, drain

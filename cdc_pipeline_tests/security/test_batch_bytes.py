@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import psycopg
 
-from cdc_pipeline.setup import setup
+from cdc_pipeline.admin.setup import setup
 from cdc_pipeline.state.store import Store
 from cdc_pipeline_tests.helpers import assert_mirrored, deliver, drain, mirror_config
 

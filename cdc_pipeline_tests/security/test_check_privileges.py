@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from psycopg import conninfo, sql
 
-from cdc_pipeline.setup import setup
+from cdc_pipeline.admin.setup import setup
 from cdc_pipeline_tests.conftest import Database
 from cdc_pipeline_tests.helpers import mirror_config
 from cdc_pipeline_tests.integration.test_check_setup import lines, write

@@ -9,8 +9,8 @@ import stat
 import psycopg
 import pytest
 
-from cdc_pipeline import demo
 from cdc_pipeline.config import ConfigError
+from cdc_pipeline.demo import run as demo
 
 
 def test_demo_folder_is_private_and_cluster_needs_a_password(monkeypatch, tmp_path) -> None:

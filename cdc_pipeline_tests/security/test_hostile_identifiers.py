@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cdc_pipeline.setup import setup
+from cdc_pipeline.admin.setup import setup
 from cdc_pipeline_tests.helpers import assert_mirrored, mirror_config, sync
 from cdc_pipeline_tests.integration.test_backfill import backfill, backfill_config
 

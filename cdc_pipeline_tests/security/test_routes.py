@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import psycopg
 
-from cdc_pipeline.setup import setup
+from cdc_pipeline.admin.setup import setup
 from cdc_pipeline_tests.helpers import deliver, drain, mirror_config
 
 
@@ -36,7 +36,7 @@ def test_bad_and_foreign_routes_park_their_message_only(source_db, db_factory, w
 def test_check_reports_a_sink_role_that_cannot_create_its_tables(source_db, db_factory, write_config):
     from psycopg import conninfo
 
-    from cdc_pipeline.sink_grants import postgres_sink_findings
+    from cdc_pipeline.sinks import sink_class
 
     dest = db_factory()
     source_db.execute("CREATE TABLE r (id int PRIMARY KEY)")
@@ -47,12 +47,13 @@ def test_check_reports_a_sink_role_that_cannot_create_its_tables(source_db, db_f
         data = mirror_config(source_db.dsn, weak, ["public.r"])
         data["sinks"][0]["destination"].update(table="out.r")
         config = write_config(data)
-        findings = [str(f) for f in postgres_sink_findings(config)]
+        sink = config.sinks[0]
+        findings = [str(f) for f in sink_class(sink).check_findings(sink)]
         errors = [f for f in findings if "may not create tables" in f]
         assert any("'out'" in f for f in errors) and any("'cdc_pipeline_sink'" in f for f in errors), findings
         assert not any("WeakPw123" in f for f in findings)
         dest.execute("GRANT CREATE, USAGE ON SCHEMA out TO cdc_weak; GRANT CREATE ON DATABASE " + dest.name
                      + " TO cdc_weak")
-        assert postgres_sink_findings(config) == []
+        assert sink_class(sink).check_findings(sink) == []
     finally:
         dest.execute("DROP OWNED BY cdc_weak; DROP ROLE cdc_weak")

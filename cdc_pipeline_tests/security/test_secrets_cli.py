@@ -51,7 +51,7 @@ def test_mistyped_dsn_never_prints_the_password(source_db, db_factory, tmp_path,
 
 
 def test_failed_list_masks_a_password_in_a_stored_error(source_db, db_factory, write_config, tmp_path):
-    from cdc_pipeline.setup import setup
+    from cdc_pipeline.admin.setup import setup
     from cdc_pipeline.state.store import Store
 
     dest = db_factory()

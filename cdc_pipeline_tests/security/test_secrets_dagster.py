@@ -14,9 +14,9 @@ import pytest
 from dagster import DagsterInstance
 from dagster._serdes import serialize_value
 
+from cdc_pipeline.admin.setup import setup
 from cdc_pipeline.defs import build_definitions
 from cdc_pipeline.defs.replay import REPLAY_JOB
-from cdc_pipeline.setup import setup
 from cdc_pipeline_tests.helpers import deliver, drain, mirror_config
 from cdc_pipeline_tests.integration.test_backfill import backfill_config, drain_running
 from cdc_pipeline_tests.integration.test_cli_errors import CLI

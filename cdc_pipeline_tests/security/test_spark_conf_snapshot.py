@@ -6,8 +6,8 @@ from __future__ import annotations
 from dagster._core.remote_representation.external_data import RepositorySnap
 from dagster._serdes import serialize_value
 
+from cdc_pipeline.admin.setup import setup
 from cdc_pipeline.defs import build_definitions
-from cdc_pipeline.setup import setup
 from cdc_pipeline_tests.helpers import mirror_config
 
 SECRET = "s3aSecretKeyValue123"

@@ -9,7 +9,7 @@ import time
 
 import psycopg
 
-from cdc_pipeline.setup import setup
+from cdc_pipeline.admin.setup import setup
 from cdc_pipeline_tests.helpers import drain, mirror_config
 from cdc_pipeline_tests.integration.test_cli_errors import CLI
 from cdc_pipeline_tests.integration.test_sink_webhook import Receiver

@@ -9,8 +9,8 @@ import json
 import psycopg
 from psycopg import conninfo, sql
 
+from cdc_pipeline.admin.setup import setup
 from cdc_pipeline.backfill.watermark import WATERMARK_PREFIX, Watermark
-from cdc_pipeline.setup import setup
 from cdc_pipeline.state.backfills import BackfillStore
 from cdc_pipeline_tests.helpers import backfill_page, drain
 from cdc_pipeline_tests.integration.test_backfill import backfill_config

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cdc_pipeline.delivery.backoff import next_delay_ms
+from cdc_pipeline.core.backoff import next_delay_ms
 
 
 def mid() -> float:

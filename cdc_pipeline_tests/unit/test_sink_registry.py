@@ -14,6 +14,7 @@ from pathlib import Path
 import cdc_pipeline
 from cdc_pipeline.config import DESTINATION_MODELS, DESTINATION_TYPES
 from cdc_pipeline.config.destinations import SINK_TYPES, sink_package
+from cdc_pipeline.sinks.base import Sink
 
 _BASE_YAML = """\
 source: {dsn: 'postgresql://u@h/db'}
@@ -41,6 +42,12 @@ def build(sink_config: SinkConfigLike, environ: Mapping[str, str]) -> Sink:
     from cdc_pipeline.sinks.echo.client import EchoSink
 
     return EchoSink(sink_config)
+
+
+def sink_class() -> type[Sink]:
+    from cdc_pipeline.sinks.echo.client import EchoSink
+
+    return EchoSink
 '''
 
 _ECHO_CLIENT = '''from collections.abc import Sequence
@@ -79,18 +86,23 @@ print(json.dumps({"package": cdc_pipeline.__file__, "type": type(sink).__name__,
 '''
 
 
-def test_a_new_sink_type_is_one_package_and_one_registry_line(tmp_path: Path) -> None:
-    copy = tmp_path / "cdc_pipeline"
+def package_with_echo(root: Path, client: str = _ECHO_CLIENT) -> None:
+    """A copy of the package under ``root`` with the echo sink added as a sink type is: one package under
+    sinks/ (schema, build, its class) and one registry line, nothing else edited."""
+    copy = root / "cdc_pipeline"
     shutil.copytree(Path(cdc_pipeline.__file__).parent, copy, ignore=shutil.ignore_patterns("__pycache__"))
     (copy / "sinks" / "echo").mkdir()
     (copy / "sinks" / "echo" / "__init__.py").write_text(_ECHO_INIT)
-    (copy / "sinks" / "echo" / "client.py").write_text(_ECHO_CLIENT)
+    (copy / "sinks" / "echo" / "client.py").write_text(client)
     registry = copy / "config" / "destinations.py"
     text = registry.read_text()
     anchor = '    "http_pull": "cdc_pipeline.sinks.http_pull:HttpPullDestination",\n'
     assert anchor in text
     registry.write_text(text.replace(anchor, anchor + '    "echo": "cdc_pipeline.sinks.echo:EchoDestination",\n'))
 
+
+def test_a_new_sink_type_is_one_package_and_one_registry_line(tmp_path: Path) -> None:
+    package_with_echo(tmp_path)
     out = subprocess.run([sys.executable, "-c", _DRIVER, _BASE_YAML], cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)},
                          capture_output=True, text=True, timeout=60, check=True).stdout
     got = json.loads(out)
@@ -111,6 +123,7 @@ def test_registry_lines_name_matching_models_and_builders() -> None:
     for kind, model in DESTINATION_MODELS.items():
         assert model.model_fields["type"].default == kind
         assert callable(sink_package(kind).build)
+        assert issubclass(sink_package(kind).sink_class(), Sink)
         assert re.fullmatch(rf"cdc_pipeline\.sinks\.{kind}:{model.__name__}", SINK_TYPES[kind])
 
 

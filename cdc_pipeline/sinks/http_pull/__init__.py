@@ -35,3 +35,10 @@ def build(sink_config: SinkConfigLike, environ: Mapping[str, str]) -> Sink:
     from cdc_pipeline.sinks.http_pull.client import HttpPullSink
 
     return HttpPullSink(sink_config)
+
+
+def sink_class() -> type[Sink]:
+    """Its `Sink` class, whose capabilities delivery, `status`, `check` and Dagster ask (imports the client)."""
+    from cdc_pipeline.sinks.http_pull.client import HttpPullSink
+
+    return HttpPullSink

@@ -8,6 +8,7 @@ neither loses nor duplicates messages. Consumers receive, ack and nack over HTTP
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import psycopg
 
@@ -20,6 +21,13 @@ class HttpPullSink(Sink):
         self.name = sink_config.name
         self._conn: psycopg.Connection | None = None
         self._queue: PullQueue | None = None
+
+    @classmethod
+    def status(cls, sink_config: SinkConfigLike, conn: psycopg.Connection, schema: str) -> dict[str, Any]:
+        """The queue's counts, once `serve` or a delivery has made it."""
+        if not conn.execute("SELECT to_regclass(format('%%I.pull_queue', %s::text))", (schema,)).fetchone()[0]:
+            return {}
+        return {"pull_queue": PullQueue(schema).counts(conn, sink_config.name)}
 
     def bind_state(self, conn: psycopg.Connection, schema: str) -> None:
         """Called by the delivery engine: the connection whose transaction commits the offset."""

@@ -22,3 +22,10 @@ def build(sink_config: SinkConfigLike, environ: Mapping[str, str]) -> Sink:
     from cdc_pipeline.sinks.parquet.client import ParquetSink
 
     return ParquetSink(sink_config)  # type: ignore[no-any-return,unused-ignore]
+
+
+def sink_class() -> type[Sink]:
+    """Its `Sink` class, whose capabilities delivery, `status`, `check` and Dagster ask (imports the client)."""
+    from cdc_pipeline.sinks.parquet.client import ParquetSink
+
+    return ParquetSink

@@ -12,6 +12,9 @@ from pydantic import Field, field_validator
 from cdc_pipeline.config.base import Dsn, StrictModel, identifier, qualify
 from cdc_pipeline.sinks.base import Sink, SinkConfigLike
 
+# The schema in the destination database where the sink keeps its position (client.py).
+OFFSETS_SCHEMA = "cdc_pipeline_sink"
+
 
 class PostgresDestination(StrictModel):
     type: Literal["postgres"] = "postgres"
@@ -39,3 +42,10 @@ def build(sink_config: SinkConfigLike, environ: Mapping[str, str]) -> Sink:
     from cdc_pipeline.sinks.postgres.client import PostgresSink
 
     return PostgresSink(sink_config)
+
+
+def sink_class() -> type[Sink]:
+    """Its `Sink` class, whose capabilities delivery, `status`, `check` and Dagster ask (imports the client)."""
+    from cdc_pipeline.sinks.postgres.client import PostgresSink
+
+    return PostgresSink

@@ -19,16 +19,17 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 import psycopg
 from psycopg import sql
 
+from cdc_pipeline.core.findings import Finding
 from cdc_pipeline.postgres import session
 from cdc_pipeline.postgres.catalog import ColumnInfo, TableInfo, describe_table
 from cdc_pipeline.postgres.compose import execute
 from cdc_pipeline.postgres.keyset import parse_qualified
-from cdc_pipeline.sinks.base import NOT_SENT, OutboundMessage, Sink, SinkUnavailable
-from cdc_pipeline.sinks.postgres import typed
+from cdc_pipeline.sinks.base import NOT_SENT, OutboundMessage, Sink, SinkConfigLike, SinkUnavailable
+from cdc_pipeline.sinks.postgres import OFFSETS_SCHEMA, typed
+from cdc_pipeline.sinks.postgres.grants import grant_findings
 from cdc_pipeline.sinks.routes import route_problem
 from cdc_pipeline.state.typed_log import TypedRun
 
-OFFSETS_SCHEMA = "cdc_pipeline_sink"
 FIRST_USER_OID = 16384  # types above this (enums, domains, composites) may not exist in the destination
 STAGE_WORK_MEM = "128MB"  # per sort/hash of one batch, for this transaction only
 _TRANSIENT = (psycopg.OperationalError, psycopg.errors.ConnectionTimeout)
@@ -44,13 +45,35 @@ class PostgresSink(Sink):
         self.name = sink_config.name  # type: ignore[attr-defined]
         self.dest = sink_config.destination  # type: ignore[attr-defined]
         self.mode: str = self.dest.mode
-        self.takes_typed_rows = self.mode == "mirror"  # backfill reads as typed rows (sinks/postgres/typed.py)
         self.holds_rows = self.mode == "mirror"
         self.conn: psycopg.Connection | None = None
         self._describe: Callable[[str], TableInfo | None] = lambda table: None
         self._shapes: dict[str, tuple[str, ...]] = {}  # target table -> columns it was synced to
         self._pending: dict[str, tuple[str, ...]] = {}  # synced in the open transaction (lost on rollback)
         self._ceiling: tuple[int, int] | None = None  # never record a position at or past this one
+
+    # -- capabilities (sinks/base.py): a mirror acts on truncates and writes the source's values, typed ----
+    @classmethod
+    def takes_truncates(cls, sink_config: SinkConfigLike) -> bool:
+        return bool(sink_config.destination.mode == "mirror")
+
+    @classmethod
+    def takes_texts(cls, sink_config: SinkConfigLike) -> bool:
+        return cls.takes_truncates(sink_config)
+
+    @classmethod
+    def takes_typed_rows(cls, sink_config: SinkConfigLike) -> bool:
+        return cls.takes_truncates(sink_config)  # as they are: sinks/postgres/typed.py
+
+    @classmethod
+    def destination_tables(cls, sink_config: SinkConfigLike) -> list[str]:
+        pattern = sink_config.destination.table
+        return sorted({pattern.replace("{schema}", t.partition(".")[0]).replace("{table}", t.partition(".")[2])
+                       for t in sink_config.tables})
+
+    @classmethod
+    def check_findings(cls, sink_config: SinkConfigLike) -> list[Finding]:
+        return grant_findings(sink_config)
 
     # -- lifecycle --------------------------------------------------------------------------------
     def open(self) -> None:

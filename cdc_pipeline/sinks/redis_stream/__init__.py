@@ -29,3 +29,10 @@ def build(sink_config: SinkConfigLike, environ: Mapping[str, str]) -> Sink:
     from cdc_pipeline.sinks.redis_stream.client import RedisStreamSink
 
     return RedisStreamSink(sink_config)
+
+
+def sink_class() -> type[Sink]:
+    """Its `Sink` class, whose capabilities delivery, `status`, `check` and Dagster ask (imports the client)."""
+    from cdc_pipeline.sinks.redis_stream.client import RedisStreamSink
+
+    return RedisStreamSink

@@ -73,3 +73,10 @@ def build(sink_config: SinkConfigLike, environ: Mapping[str, str]) -> Sink:
     from cdc_pipeline.sinks.webhook.client import WebhookSink
 
     return WebhookSink(sink_config, environ=environ)
+
+
+def sink_class() -> type[Sink]:
+    """Its `Sink` class, whose capabilities delivery, `status`, `check` and Dagster ask (imports the client)."""
+    from cdc_pipeline.sinks.webhook.client import WebhookSink
+
+    return WebhookSink

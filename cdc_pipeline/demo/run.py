@@ -24,10 +24,10 @@ from pathlib import Path
 
 import yaml
 
+from cdc_pipeline.admin.setup import setup
 from cdc_pipeline.config import ConfigError, load_config
-from cdc_pipeline.dagster_dev import DagsterDev
+from cdc_pipeline.demo.dagster_dev import DagsterDev
 from cdc_pipeline.postgres import embedded, session
-from cdc_pipeline.setup import setup
 
 DEMO_DIR_ENV = "CDC_DEMO_DIR"
 
@@ -163,7 +163,7 @@ mirror: {mirror}  (PGPASSWORD=$(cat {pw}) psql "{mirror}" -c 'select count(*) fr
 
 def _pipeline_loop(config_path: Path, stop: threading.Event) -> None:
     """Without the UI: drain and deliver in this process, printing status."""
-    from cdc_pipeline import status
+    from cdc_pipeline.admin import status
     from cdc_pipeline.capture.drain import Drain
     from cdc_pipeline.delivery.engine import Deliverer
     from cdc_pipeline.delivery.spark_stage import spark_session

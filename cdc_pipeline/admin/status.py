@@ -13,8 +13,8 @@ import psycopg
 from cdc_pipeline.config import PipelineConfig
 from cdc_pipeline.delivery.backlog import problem as backlog_problem
 from cdc_pipeline.postgres import catalog, session
+from cdc_pipeline.sinks import sink_class
 from cdc_pipeline.state import stats
-from cdc_pipeline.state.pull_queue import PullQueue
 from cdc_pipeline.state.schema import schema_exists
 from cdc_pipeline.state.store import Store
 
@@ -61,9 +61,7 @@ def collect(config: PipelineConfig) -> dict[str, Any]:
                 "waiting_for_destination": offset["waiting_reason"] if offset else None,
                 "waiting_since": offset["waiting_since"].isoformat() if offset and offset["waiting_since"] else None,
             }
-            if sink.destination.type == "http_pull" and conn.execute(
-                    "SELECT to_regclass(format('%%I.pull_queue', %s::text))", (schema,)).fetchone()[0]:
-                out["sinks"][sink.name]["pull_queue"] = PullQueue(schema).counts(conn, sink.name)
+            out["sinks"][sink.name].update(sink_class(sink).status(sink, conn, schema))
             stopped = backlog_problem(config, sink, store.oldest_age(conn, sink.tables, pos, sink=sink.name))
             if stopped:
                 out["sinks"][sink.name]["error"] = stopped
