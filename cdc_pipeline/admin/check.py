@@ -8,6 +8,7 @@ import psycopg
 from cdc_pipeline.config import PipelineConfig, TableConfig, redact
 from cdc_pipeline.core.findings import Finding
 from cdc_pipeline.postgres import catalog, session
+from cdc_pipeline.sinks import sink_class
 from cdc_pipeline.state.schema import pending_migrations
 
 __all__ = ["Finding", "check"]
@@ -74,8 +75,8 @@ def _value_findings(conn: psycopg.Connection, config: PipelineConfig, t: TableCo
     """Columns whose values arrive exactly only under conditions (README: Values exactly as PostgreSQL
     holds them)."""
     out: list[Finding] = []
-    mirrors = [s.name for s in config.sinks if t.qualified in s.tables
-               and getattr(s.destination, "type", None) == "postgres" and getattr(s.destination, "mode", None) == "mirror"]
+    # Sinks that write the source's values themselves (a Postgres mirror), rather than messages.
+    mirrors = [s.name for s in config.sinks if t.qualified in s.tables and sink_class(s).takes_texts(s)]
     monetary = catalog.setting(conn, "lc_monetary")
     for column, why in catalog.inexact_columns(conn, t.schema_name, t.table_name).items():
         if why == "money" and mirrors:

@@ -52,8 +52,10 @@ def reserve(state: BudgetState, now: float, quota: Quota,
     A pause (or a schedule pushed behind one) further away than ``max_pause`` is held to it: a state
     stored before the cap existed, or by another version, cannot stall the source for years."""
     interval = quota.interval(state.factor)
-    paused_until = min(state.paused_until, now + max_pause)
-    next_slot = min(state.next_slot, now + max_pause + interval)
+    paused_until, next_slot = state.paused_until, state.next_slot
+    if paused_until > now + max_pause:  # only a pause is capped: slots queued by callers are the budget
+        paused_until = now + max_pause
+        next_slot = min(next_slot, paused_until + interval)
     start = max(now, next_slot, paused_until)
     return replace(state, next_slot=start + interval, paused_until=paused_until), start
 
