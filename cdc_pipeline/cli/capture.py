@@ -8,7 +8,7 @@ from cdc_pipeline.cli.common import Verb, config_option, examples, load, stop_on
 
 
 @click.command(cls=Verb, short_help="stream the replication slot into the change log", epilog=examples(
-    "cdc-pipeline drain                          # until SIGINT/SIGTERM",
+    "cdc-pipeline drain                          # until SIGTERM/SIGINT/SIGHUP",
     "cdc-pipeline drain --until-idle             # stop once caught up with the source",
     "cdc-pipeline drain --seconds 300"))
 @config_option
@@ -17,6 +17,7 @@ from cdc_pipeline.cli.common import Verb, config_option, examples, load, stop_on
 def drain(ctx: click.Context, until_idle: bool, seconds: float | None) -> int:
     """Stream the replication slot into the change log, acknowledging the slot only after the log commits.
     Rides through lost connections and restarts; runs until stopped unless given --until-idle or --seconds."""
+    stop_on_signals()  # before the slow part: a signal during start-up is a clean stop
     from cdc_pipeline.capture.drain import Drain
 
     runner = Drain(load(ctx))

@@ -27,6 +27,7 @@ from cdc_pipeline.config import PipelineConfig, SinkConfig
 from cdc_pipeline.delivery import backlog
 from cdc_pipeline.delivery.backoff import next_delay_ms
 from cdc_pipeline.delivery.dispatch import deliver_in_order
+from cdc_pipeline.delivery.lazy_spark import LazySpark
 from cdc_pipeline.delivery.ordering import position_of, split_held
 from cdc_pipeline.delivery.outage import DestinationDown, Liveness, all_down, transient
 from cdc_pipeline.delivery.parking import Parking, messages_from
@@ -77,7 +78,7 @@ class Staged:
 
 
 class Deliverer(Staging, Parking, Relaying):
-    def __init__(self, config: PipelineConfig, sink_config: SinkConfig, spark: SparkSession,
+    def __init__(self, config: PipelineConfig, sink_config: SinkConfig, spark: SparkSession | LazySpark,
                  sink: Sink | None = None, dry_run: bool = False, dry_run_out: IO[str] | None = None) -> None:
         self.config = config
         self.sink_config = sink_config
@@ -171,6 +172,9 @@ class Deliverer(Staging, Parking, Relaying):
                     bind = getattr(self.sink, "bind_state", None)
                     if bind is not None:  # http_pull: queues in this connection's offset transaction
                         bind(conn, self.config.state.schema_name)
+                    bind_spark = getattr(self.sink, "bind_spark", None)
+                    if bind_spark is not None:  # parquet: writes through our (lazily started) session
+                        bind_spark(self.spark)
                 offset = self.store.sink_offset(conn, name)
                 if self.sink is not None:
                     held = self.sink.position()
