@@ -91,6 +91,12 @@ def until_options(what: str) -> Callable[[F], F]:
     return decorate
 
 
+def metrics_option(fn: F) -> F:
+    """`--metrics-port`: Prometheus /metrics, /healthz and /readyz on this port (default: `metrics.port`, off)."""
+    return click.option("--metrics-port", type=int, default=None, metavar="PORT",
+                        help="serve /metrics, /healthz, /readyz on this port (default: metrics.port; off)")(fn)
+
+
 def load(ctx: click.Context) -> PipelineConfig:
     """The config named by `--config`, else `$CDC_CONFIG`, its DSNs checked (a fixed message, never a secret)."""
     config = load_config(ctx.ensure_object(Settings).config)
