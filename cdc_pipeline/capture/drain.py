@@ -93,6 +93,7 @@ class Drain:
         self._stop = threading.Event()
         self._streamed = False  # a replication session of this process got going at least once
         self._phase = "starting"
+        self.stats: DrainStats | None = None
 
     def stop(self) -> None:
         self._stop.set()
@@ -104,6 +105,7 @@ class Drain:
         caught up with the server's position at its start; ride through lost connections."""
         cfg = self.config
         stats = DrainStats()
+        self.stats = stats  # read live by the metrics (ops/)
         started = time.monotonic()
         deadline = started + seconds if seconds is not None else None
         attempt = 0

@@ -8,7 +8,7 @@ from cdc_pipeline.cli.common import Verb, config_option, examples, load, stop_on
 
 
 @click.command(cls=Verb, short_help="backfill and keep syncing API sources into Postgres tables", epilog=examples(
-    "cdc-pipeline api-sync                         # every API source, until SIGINT/SIGTERM",
+    "cdc-pipeline api-sync                         # every API source, until SIGTERM/SIGINT/SIGHUP",
     "cdc-pipeline api-sync --source tickets --until-idle"))
 @config_option
 @click.option("--source", help="one API source (default: all)")
@@ -17,6 +17,7 @@ from cdc_pipeline.cli.common import Verb, config_option, examples, load, stop_on
 def api_sync(ctx: click.Context, source: str | None, until_idle: bool, seconds: float | None) -> int:
     """Backfill API sources' collections into Postgres tables, then keep them in sync; resumes from the
     checkpoint after a restart."""
+    stop_on_signals()  # before the slow part: a signal during start-up is a clean stop
     from cdc_pipeline.api_sync.loop import ApiSync
 
     sync = ApiSync(load(ctx), source=source)

@@ -1,10 +1,9 @@
 """What every verb shares: the `--config` option (before or after the verb), the loaded config, examples
-in `--help`, and stopping long-running verbs cleanly on SIGINT/SIGTERM."""
+in `--help`, and stopping long-running verbs cleanly on SIGTERM/SIGINT/SIGHUP."""
 
 from __future__ import annotations
 
 import re
-import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -12,6 +11,7 @@ from typing import Any, TypeVar
 import click
 
 from cdc_pipeline.config import PipelineConfig, load_config
+from cdc_pipeline.ops.signals import Shutdown, shutdown
 
 F = TypeVar("F", bound=Callable[..., Any])
 CONFIG_HELP = "path to cdc.yaml (default: $CDC_CONFIG)"
@@ -91,6 +91,12 @@ def until_options(what: str) -> Callable[[F], F]:
     return decorate
 
 
+def metrics_option(fn: F) -> F:
+    """`--metrics-port`: Prometheus /metrics, /healthz and /readyz on this port (default: `metrics.port`, off)."""
+    return click.option("--metrics-port", type=int, default=None, metavar="PORT",
+                        help="serve /metrics, /healthz, /readyz on this port (default: metrics.port; off)")(fn)
+
+
 def load(ctx: click.Context) -> PipelineConfig:
     """The config named by `--config`, else `$CDC_CONFIG`, its DSNs checked (a fixed message, never a secret)."""
     config = load_config(ctx.ensure_object(Settings).config)
@@ -103,9 +109,11 @@ def examples(*lines: str) -> str:
     return "\b\nExamples:\n" + "\n".join(f"  {line}" for line in lines)
 
 
-def stop_on_signals(stop: Callable[[], object]) -> None:
-    def handler(signum: int, frame: object) -> None:
-        stop()
-
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
+def stop_on_signals(stop: Callable[[], object] | None = None) -> Shutdown:
+    """SIGTERM, SIGINT and SIGHUP stop ``stop``'s runner cleanly, a second one forces (ops/signals.py).
+    Called first thing in a long-running verb (``stop`` None), so a signal during start-up stops it cleanly
+    too, and again with the runner once it exists (called at once if the signal came already)."""
+    shutdown.install()
+    if stop is not None:
+        shutdown.on_stop(stop)
+    return shutdown

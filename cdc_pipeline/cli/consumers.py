@@ -7,7 +7,7 @@ import logging
 
 import click
 
-from cdc_pipeline.cli.common import Verb, config_option, examples, load
+from cdc_pipeline.cli.common import Verb, config_option, examples, load, stop_on_signals
 
 
 @click.command(cls=Verb, short_help="HTTP API for pull consumers (http_pull sinks)", epilog=examples(
@@ -19,7 +19,8 @@ from cdc_pipeline.cli.common import Verb, config_option, examples, load
 @click.pass_context
 def serve(ctx: click.Context, host: str, port: int) -> int:
     """Serve the receive/ack/nack API of every http_pull sink (OpenAPI at /openapi.json) until
-    SIGINT/SIGTERM; several servers may share one state database."""
+    SIGTERM/SIGINT/SIGHUP; several servers may share one state database."""
+    stop_on_signals()  # before the slow part: a signal during start-up is a clean stop
     from cdc_pipeline.consumers.serve import serve as run_server
 
     logging.getLogger("cdc_pipeline").setLevel(logging.INFO)  # a server says what it serves and waits for

@@ -2,50 +2,99 @@
 
 from __future__ import annotations
 
+import importlib
 import json
+import os
 import sys
+import threading
+from typing import Any
 
 import click
 
-from cdc_pipeline.cli.common import Verb, config_option, examples, load, stop_on_signals, until_options
+from cdc_pipeline.cli.common import (
+    Verb,
+    config_option,
+    examples,
+    load,
+    metrics_option,
+    stop_on_signals,
+    until_options,
+)
 from cdc_pipeline.config import ConfigError
 from cdc_pipeline.postgres import session
 
 
 @click.command(cls=Verb, short_help="deliver the change log to sinks", epilog=examples(
-    "cdc-pipeline deliver                                  # every sink, until SIGINT/SIGTERM",
+    "cdc-pipeline deliver                                  # every sink at once, until SIGTERM/SIGINT/SIGHUP",
     "cdc-pipeline deliver --sink orders_mirror --until-idle",
     "cdc-pipeline deliver --sink hook --dry-run --output messages.jsonl"))
 @config_option
-@click.option("--sink", help="one sink (default: all, one after the other)")
+@click.option("--sink", help="one sink (default: all, at once)")
 @until_options("the sink has caught up")
 @click.option("--dry-run", is_flag=True, help="print what would be sent; touch nothing")
 @click.option("--output", metavar="FILE", help="with --dry-run: write the messages (JSON lines) to this file")
+@metrics_option
 @click.pass_context
 def deliver(ctx: click.Context, sink: str | None, until_idle: bool, seconds: float | None, dry_run: bool,
-            output: str | None) -> int:
+            output: str | None, metrics_port: int | None) -> int:
     """Deliver the change log to sinks through Spark (filter, transform, route), in commit order per
-    group; failed messages are parked and retried. A dry run prints what is waiting now and stops."""
+    group; failed messages are parked and retried. Without --sink every sink is delivered at once, each
+    by its own deliverer in this process; Spark starts only when a sink's stage needs it. A dry run prints
+    what is waiting now and stops."""
+    shutdown = stop_on_signals()  # before the slow part: a signal during start-up is a clean stop
+    # pyarrow imports pandas at the first batch (timezone-aware timestamps): ~1 s, imported meanwhile
+    # while this thread waits on the databases.
+    threading.Thread(target=importlib.import_module, args=("pandas",), daemon=True).start()
     from cdc_pipeline.delivery.engine import Deliverer
-    from cdc_pipeline.delivery.spark_stage import spark_session
+    from cdc_pipeline.delivery.lazy_spark import LazySpark
+    from cdc_pipeline.delivery.together import Abandoned, run_together
+    from cdc_pipeline.ops.health import start_ops
+    from cdc_pipeline.ops.signals import kill_descendants
 
     config = load(ctx)
     sinks = [config.sink(sink)] if sink else list(config.sinks)
     if not sinks:
         raise ConfigError(f"{config.path}: no sinks configured")
-    spark = spark_session(config.spark)
+    spark = LazySpark(config.spark)
     out = open(output, "w") if output else sys.stdout  # noqa: SIM115 - closed below
+    ops = None
     try:
-        for one in sinks:
-            deliverer = Deliverer(config, one, spark, dry_run=dry_run, dry_run_out=out)
-            stop_on_signals(deliverer.stop)
-            # A dry run shows what is waiting now; it does not wait for more unless given --seconds.
-            stats = deliverer.run(until_idle=until_idle or (dry_run and seconds is None), seconds=seconds)
-            print(f"sink {one.name}: " + json.dumps(stats.as_metadata()), file=sys.stderr if dry_run else sys.stdout)
+        deliverers = [Deliverer(config, one, spark, dry_run=dry_run, dry_run_out=out) for one in sinks]
+        for deliverer in deliverers:
+            shutdown.on_stop(deliverer.stop)
+        ops = None if dry_run else start_ops(config, metrics_port, lambda: list(deliverers),
+                                             [lambda: _waiting(deliverers)])
+        # A dry run shows what is waiting now; it does not wait for more unless given --seconds.
+        once = until_idle or (dry_run and seconds is None)
+        if dry_run:  # one after the other: their messages must not interleave in the output
+            all_stats = [d.run(until_idle=once, seconds=seconds) for d in deliverers]
+        else:
+            try:
+                all_stats = run_together(deliverers, lambda d: d.run(until_idle=once, seconds=seconds),
+                                         [one.name for one in sinks], shutdown.requested,
+                                         lambda alive: spark.waiting >= alive)
+            except Abandoned as left:
+                # Only Spark's start-up is left: nothing was sent yet, so stopping now loses nothing.
+                print(f"stopped while Spark was starting for sink(s) {left}: nothing in flight", file=sys.stderr)
+                sys.stdout.flush()
+                sys.stderr.flush()
+                kill_descendants()
+                os._exit(0)
+        for stats in all_stats:
+            print(f"sink {stats.sink}: " + json.dumps(stats.as_metadata()), file=sys.stderr if dry_run else sys.stdout)
     finally:
+        if ops is not None:
+            ops.stop()
         if out is not sys.stdout:
             out.close()
     return 0
+
+
+def _waiting(deliverers: list[Any]) -> str | None:
+    """/readyz of `deliver`: not ready while a sink waits on an outage (the reason is the sink's)."""
+    waits = [f"sink {d.sink_config.name} waiting: {d.stats.waiting}" for d in deliverers
+             if d.stats is not None and d.stats.waiting]
+    return "; ".join(waits) or None
 
 
 @click.command(cls=Verb, short_help="list, retry or discard parked messages", epilog=examples(

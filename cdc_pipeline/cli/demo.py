@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from cdc_pipeline.cli.common import Verb, config_option, examples
+from cdc_pipeline.cli.common import Verb, config_option, examples, stop_on_signals
 
 
 @click.command(cls=Verb, short_help="embedded Postgres + sample load + pipeline + Dagster UI", epilog=examples(
@@ -17,6 +17,7 @@ from cdc_pipeline.cli.common import Verb, config_option, examples
 def demo(port: int, seconds: float | None, no_ui: bool) -> int:
     """Start a throwaway PostgreSQL cluster with sample tables and a steady write load, set up the
     pipeline and run it, with the Dagster UI unless --no-ui."""
+    stop_on_signals()  # Ctrl-C, SIGTERM or a closing terminal stop everything it started; twice forces
     from cdc_pipeline.demo.run import run_demo
 
     return run_demo(port=port, seconds=seconds, ui=not no_ui)

@@ -154,6 +154,13 @@ class BackfillConfig(StrictModel):
 _API_ONLY: ContextVar[bool] = ContextVar("cdc_pipeline_api_only", default=False)
 
 
+class MetricsConfig(StrictModel):
+    """Prometheus /metrics, /healthz and /readyz of drain, deliver, serve and api-sync (off without a port)."""
+
+    port: int | None = Field(default=None, ge=0, le=65535)
+    host: str = "127.0.0.1"
+
+
 class PipelineConfig(StrictModel):
     source: SourceConfig
     state: StateConfig = Field(default_factory=StateConfig)
@@ -161,6 +168,7 @@ class PipelineConfig(StrictModel):
     drain: DrainConfig = Field(default_factory=DrainConfig)
     delivery: DeliveryConfig = Field(default_factory=DeliveryConfig)
     backfill: BackfillConfig = Field(default_factory=BackfillConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     # May be empty (or absent) only when api_sources is set: an API-sync-only pipeline captures nothing.
     tables: list[TableConfig]
     sinks: list[SinkConfig] = Field(default_factory=list)

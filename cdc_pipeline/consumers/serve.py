@@ -1,14 +1,17 @@
-"""`cdc-pipeline serve`: run the pull consumers' API under uvicorn until SIGINT/SIGTERM."""
+"""`cdc-pipeline serve`: run the pull consumers' API under uvicorn until SIGTERM/SIGINT/SIGHUP."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 
 import uvicorn
 
 from cdc_pipeline.config import PipelineConfig
 from cdc_pipeline.consumers.app import consumers_of, create_app
 from cdc_pipeline.consumers.fastpath import FastPath
+from cdc_pipeline.ops.signals import shutdown
 
 log = logging.getLogger(__name__)
 
@@ -20,6 +23,17 @@ def serve(config: PipelineConfig, host: str = "127.0.0.1", port: int = 8080, poo
     app, service = create_app(config, pool_size=pool_size)
     log.info("serving pull consumers %s on http://%s:%d (OpenAPI at /openapi.json)", names, host, port)
     # httptools and uvloop (uvicorn[standard]) are picked automatically; no access log line per request.
-    uvicorn.run(FastPath(app, service), host=host, port=port, access_log=False, log_level="info",
-                timeout_graceful_shutdown=5)
+    server = _Server(uvicorn.Config(FastPath(app, service), host=host, port=port, access_log=False,
+                                    log_level="info", timeout_graceful_shutdown=5))
+    shutdown.on_stop(lambda: setattr(server, "should_exit", True))
+    server.run()
     return 0
+
+
+class _Server(uvicorn.Server):
+    """Signals are ours (ops/signals.py): SIGHUP stops it too, a second signal forces, and the process exits
+    0 after a clean stop instead of re-raising the signal at itself as uvicorn does."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield

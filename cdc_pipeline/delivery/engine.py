@@ -28,6 +28,7 @@ from cdc_pipeline.config import PipelineConfig, SinkConfig
 from cdc_pipeline.core.backoff import next_delay_ms
 from cdc_pipeline.delivery import backlog
 from cdc_pipeline.delivery.dispatch import deliver_in_order
+from cdc_pipeline.delivery.lazy_spark import LazySpark
 from cdc_pipeline.delivery.ordering import position_of, split_held
 from cdc_pipeline.delivery.outage import DestinationDown, Liveness, all_down, transient
 from cdc_pipeline.delivery.parking import Parking, messages_from
@@ -35,6 +36,7 @@ from cdc_pipeline.delivery.relay import Relaying
 from cdc_pipeline.delivery.spark_stage import SinkPlan, empty_output
 from cdc_pipeline.delivery.staging import StageFailure, Staging
 from cdc_pipeline.delivery.stats import DeliveryStats
+from cdc_pipeline.ops.metrics import BATCH_SECONDS
 from cdc_pipeline.postgres import session
 from cdc_pipeline.postgres.catalog import TableInfo
 from cdc_pipeline.sinks import build_sink
@@ -78,7 +80,7 @@ class Staged:
 
 
 class Deliverer(Staging, Parking, Relaying):
-    def __init__(self, config: PipelineConfig, sink_config: SinkConfig, spark: SparkSession,
+    def __init__(self, config: PipelineConfig, sink_config: SinkConfig, spark: SparkSession | LazySpark,
                  sink: Sink | None = None, dry_run: bool = False, dry_run_out: IO[str] | None = None) -> None:
         self.config = config
         self.sink_config = sink_config
@@ -97,6 +99,7 @@ class Deliverer(Staging, Parking, Relaying):
         self._resyncs: list[threading.Thread] = []  # backfills re-syncing a row stream (backlog.py)
         self._live = Liveness()
         self._waiting = False  # a wait for the destination is recorded in the state database
+        self.stats: DeliveryStats | None = None
 
     def stop(self) -> None:
         self._stop.set()
@@ -107,6 +110,7 @@ class Deliverer(Staging, Parking, Relaying):
         logs and records (for `status`) what it waits for, and resumes from its committed offset. With
         ``until_idle`` such an outage ends the run with the error instead (a one-off catch-up)."""
         stats = DeliveryStats(self.sink_config.name)
+        self.stats = stats  # read live by the metrics and /readyz (ops/)
         started = time.monotonic()
         deadline = started + seconds if seconds is not None else None
         cfg = self.config.delivery
@@ -169,6 +173,7 @@ class Deliverer(Staging, Parking, Relaying):
                     self.sink.open()
                     self.sink.prepare(lambda table: self._table_info(conn, table))
                     self.sink.bind_state(conn, self.config.state.schema_name)
+                    self.sink.bind_spark(self.spark)  # parquet writes through our (lazily started) session
                 offset = self.store.sink_offset(conn, name)
                 if self.sink is not None:
                     held = self.sink.position()
@@ -177,6 +182,7 @@ class Deliverer(Staging, Parking, Relaying):
                         self.store.advance_offset(conn, name, held, done, 0, 0, None)
                         offset = held
                 conn.commit()
+                stats.waiting = None  # both databases answer again (the recorded wait ends at the next send)
                 if not self.dry_run:  # state.max_backlog_hours: resync a row stream, stop a change stream
                     offset, resync = backlog.enforce(self.config, self.sink_config, self.store, conn, offset)
                     if self.config.state.max_backlog_hours is not None:
@@ -344,6 +350,7 @@ class Deliverer(Staging, Parking, Relaying):
         send, held = split_held(messages, blocked, [(pos, g) for pos, g, _ in stage_failed])
         # Those are parked only by the state commit below: the sink must not record a position past them.
         kept_back = [position_of(m) for m in held] + [pos for pos, _, _ in stage_failed]
+        began = time.monotonic()
         results = self._deliver(send, min(kept_back) if kept_back else None)
         cause = all_down(results)
         if cause is not None:
@@ -355,6 +362,7 @@ class Deliverer(Staging, Parking, Relaying):
             self.store.set_waiting(conn, name, None)
             self._waiting = False
         conn.commit()
+        BATCH_SECONDS.labels(name).observe(time.monotonic() - began)
         stats.delivered += delivered
         stats.parked += parked
         return last

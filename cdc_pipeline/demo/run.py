@@ -6,7 +6,7 @@ days of history) and a small steady write load, writes a cdc.yaml (orders partit
 long-lived delivery run streaming into a mirror database. In the UI: the lineage (source tables ->
 change log -> sink), live lag on the change log and the sink (materializations and lag checks every
 few seconds), and the daily partitions of `cdc/snapshot/public/orders` to backfill. Stops what it
-started on Ctrl-C (or after --seconds).
+started on Ctrl-C, SIGTERM or SIGHUP (or after --seconds).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import yaml
 from cdc_pipeline.admin.setup import setup
 from cdc_pipeline.config import ConfigError, load_config
 from cdc_pipeline.demo.dagster_dev import DagsterDev
+from cdc_pipeline.ops.signals import shutdown
 from cdc_pipeline.postgres import embedded, session
 
 DEMO_DIR_ENV = "CDC_DEMO_DIR"
@@ -119,8 +120,12 @@ def prepare(root: Path) -> tuple[embedded.EmbeddedPostgres, Path]:
 
 
 def run_demo(port: int = 3000, seconds: float | None = None, ui: bool = True) -> int:
+    """Until ``seconds`` have passed or a signal (ops/signals.py) asks it to stop: then it stops `dagster dev`
+    (its daemon, webserver, code server, run workers and their JVMs) and the cluster; a second signal kills
+    them at once."""
     root = demo_root()
     cluster, config_path = prepare(root)
+    shutdown.on_force(lambda: cluster.stop(mode="immediate"))  # a daemon: not among our descendants
     stop = threading.Event()
     loader = threading.Thread(target=_load, args=(cluster.dsn("demo"), stop), daemon=True)
     loader.start()
@@ -136,8 +141,10 @@ def run_demo(port: int = 3000, seconds: float | None = None, ui: bool = True) ->
         while deadline is None or time.monotonic() < deadline:
             if dev.proc is not None and dev.proc.poll() is not None:
                 return dev.proc.returncode or 1
-            time.sleep(1)
-    except KeyboardInterrupt:
+            if shutdown.requested.wait(1):
+                print("stopping the demo: dagster dev, then the database", flush=True)
+                break
+    except KeyboardInterrupt:  # run_demo called without the CLI's signal handlers
         pass
     finally:
         stop.set()

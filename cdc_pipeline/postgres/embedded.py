@@ -89,8 +89,8 @@ class EmbeddedPostgres:
                   f"-p {self.port}", "-w", "-t", "60", "start")
         return self
 
-    def stop(self) -> None:
-        self._run(str(PG_BIN / "pg_ctl"), "-D", str(self.data_dir), "-m", "fast", "-w", "stop", check=False)
+    def stop(self, mode: str = "fast") -> None:
+        self._run(str(PG_BIN / "pg_ctl"), "-D", str(self.data_dir), "-m", mode, "-w", "stop", check=False)
 
     def destroy(self) -> None:
         self.stop()

@@ -146,6 +146,10 @@ class Sink(abc.ABC):
         """Receive the engine's state connection, whose transaction commits the offset (http_pull queues
         its messages in it); called after `open`."""
 
+    def bind_spark(self, spark: Any) -> None:  # noqa: B027
+        """Receive the deliverer's Spark session (started lazily, on first use: delivery/lazy_spark.py), for a
+        sink that writes through Spark (parquet); called after `open`."""
+
     def deliver_typed_run(self, run: TypedRun, blocks: Iterable[bytes]) -> str | None:
         """A run of typed reads, all applied (None) or none (an error); only for `takes_typed_rows`."""
         raise NotImplementedError(f"{type(self).__name__} does not take typed rows")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from typing import Any
 
 import pyarrow as pa
 from pyspark.sql import SparkSession
@@ -22,6 +23,11 @@ class ParquetSink(Sink):
     def __init__(self, sink_config: object) -> None:
         self.name = sink_config.name  # type: ignore[attr-defined]
         self.path: str = sink_config.destination.path  # type: ignore[attr-defined]
+        self._spark: Any = None
+
+    def bind_spark(self, spark: Any) -> None:
+        """The deliverer's session (maybe not started yet: delivery/lazy_spark.py), configured from cdc.yaml."""
+        self._spark = spark
 
     def deliver(self, batch: Sequence[OutboundMessage]) -> list[str | None]:
         if not batch:
@@ -45,7 +51,7 @@ class ParquetSink(Sink):
             "commit_idx": pa.array(idxs, pa.int32()), "action": actions, "message": bodies,
             "table": tables, "date": dates, "batch": [first] * len(batch),
         })
-        spark = SparkSession.builder.getOrCreate()
+        spark = self._spark if self._spark is not None else SparkSession.builder.getOrCreate()
         try:
             (spark.createDataFrame(table).write.mode("overwrite")
              .option("partitionOverwriteMode", "dynamic")

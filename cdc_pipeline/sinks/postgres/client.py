@@ -81,6 +81,7 @@ class PostgresSink(Sink):
             self.conn = session.connect(self.dest.dsn, application_name=f"cdc_pipeline sink {self.name}")
         except psycopg.OperationalError as exc:
             raise SinkUnavailable(f"postgres sink {self.name!r}: cannot connect ({type(exc).__name__})") from exc
+        self._ddl_lock()
         self.conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(OFFSETS_SCHEMA)))
         self.conn.execute(sql.SQL(
             "CREATE TABLE IF NOT EXISTS {}.offsets (sink text PRIMARY KEY, commit_lsn bigint NOT NULL, "
@@ -95,6 +96,12 @@ class PostgresSink(Sink):
 
     def prepare(self, describe: Callable[[str], TableInfo | None]) -> None:
         self._describe = describe
+
+    def _ddl_lock(self) -> None:
+        """Sinks sharing a destination (`deliver` runs them at once) create schemas and tables one at a time:
+        CREATE ... IF NOT EXISTS is not safe against a concurrent CREATE (a unique violation)."""
+        assert self.conn is not None
+        self.conn.execute("SELECT pg_advisory_xact_lock(hashtext('cdc_pipeline sink ddl'))")
 
     def position(self) -> tuple[int, int] | None:
         assert self.conn is not None
@@ -245,6 +252,7 @@ class PostgresSink(Sink):
         for route in routes:
             target = parse_qualified(route or self.dest.table)
             ident = sql.Identifier(*target)
+            self._ddl_lock()
             self.conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(target[0])))
             self.conn.execute(sql.SQL(
                 "CREATE TABLE IF NOT EXISTS {} (idempotency_key text PRIMARY KEY, commit_lsn bigint NOT NULL, "
@@ -274,6 +282,7 @@ class PostgresSink(Sink):
         if self._pending.get(key, self._shapes.get(key)) == columns:
             return target, info
         ident = sql.Identifier(*target)
+        self._ddl_lock()
         self.conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(target[0])))
         current = describe_table(self.conn, *target)
         if current is None:

@@ -1,0 +1,1 @@
+"""Running the long-lived commands in production: signals, Prometheus metrics, health endpoints."""

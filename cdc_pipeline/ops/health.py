@@ -1,0 +1,95 @@
+"""The metrics port: `/metrics` (Prometheus text), `/healthz` (the process's loops turn) and `/readyz` (its
+connections are up; a deliverer is not waiting on an outage), each answering 200 or 503 with the reason in
+the body. A small threaded http.server: no event loop to share with the command it watches."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from cdc_pipeline.config import PipelineConfig
+from cdc_pipeline.ops.metrics import REGISTRY
+
+log = logging.getLogger(__name__)
+
+# A check returns None when fine, else the reason it is not.
+Check = Callable[[], str | None]
+
+
+class OpsServer:
+    def __init__(self, host: str, port: int, live: list[Check], ready: list[Check]) -> None:
+        self.live, self.ready = live, ready
+        self.httpd = ThreadingHTTPServer((host, port), self._handler())
+        self.httpd.daemon_threads = True
+        self.port = int(self.httpd.server_address[1])
+        self._thread = threading.Thread(target=self.httpd.serve_forever, name="ops-http", daemon=True)
+
+    def start(self) -> OpsServer:
+        self._thread.start()
+        log.info("metrics and health on port %d (/metrics, /healthz, /readyz)", self.port)
+        return self
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:  # no line per scrape
+                pass
+
+            def do_GET(self) -> None:
+                path = self.path.split("?")[0]
+                if path == "/metrics":
+                    self._send(200, generate_latest(REGISTRY), CONTENT_TYPE_LATEST)
+                elif path in ("/healthz", "/readyz"):
+                    checks = server.live if path == "/healthz" else server.ready
+                    reasons = [r for r in (_run(c) for c in checks) if r]
+                    body = ("not ready: " if path == "/readyz" else "unhealthy: ") + "; ".join(reasons) \
+                        if reasons else "ok"
+                    self._send(503 if reasons else 200, (body + "\n").encode(), "text/plain; charset=utf-8")
+                else:
+                    self._send(404, b"not found: /metrics, /healthz, /readyz\n", "text/plain; charset=utf-8")
+
+            def _send(self, status: int, body: bytes, ctype: str) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        return Handler
+
+
+def _run(check: Check) -> str | None:
+    try:
+        return check()
+    except Exception as exc:  # a failing check is an answer, not a crash of the server
+        return f"check failed: {type(exc).__name__}"
+
+
+def start_ops(config: PipelineConfig, port: int | None, runners: Callable[[], list[Any]],
+              ready: list[Check] | None = None) -> OpsServer | None:
+    """Serve metrics and health for this command when a port is given (`--metrics-port`, else
+    `metrics.port`); None when off. Readiness includes the state database answering `status`."""
+    port = port if port is not None else config.metrics.port
+    if port is None:
+        return None
+    from cdc_pipeline import status
+    from cdc_pipeline.ops.metrics import PipelineCollector
+
+    collector = PipelineCollector(lambda: status.collect(config), runners)
+    REGISTRY.register(collector)
+
+    def state_db() -> str | None:
+        collector.status()
+        return f"state database: {collector.status_error}" if collector.status_error else None
+
+    return OpsServer(config.metrics.host, port, live=[], ready=[state_db, *(ready or [])]).start()
