@@ -82,7 +82,7 @@ def start_ops(config: PipelineConfig, port: int | None, runners: Callable[[], li
     port = port if port is not None else config.metrics.port
     if port is None:
         return None
-    from cdc_pipeline import status
+    from cdc_pipeline.admin import status
     from cdc_pipeline.ops.metrics import PipelineCollector
 
     collector = PipelineCollector(lambda: status.collect(config), runners)

@@ -617,7 +617,7 @@ sinks:
     assert "duplicate" not in message
     assert (
         message
-        == "cdc.yaml: unknown key 'x-base' (allowed: source, state, spark, drain, delivery, backfill, tables, sinks, "
+        == "cdc.yaml: unknown key 'x-base' (allowed: source, state, spark, drain, delivery, backfill, metrics, tables, sinks, "
             "api_sources)"
     )
 
