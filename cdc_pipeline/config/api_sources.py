@@ -25,8 +25,8 @@ def _env_name(value: str | None) -> str | None:
 
 
 class BearerAuth(StrictModel):
-    type: Literal["bearer"] = "bearer"
-    token_env: str
+    type: Literal["bearer"] = Field(default="bearer", description="`Authorization: Bearer <token>`.")
+    token_env: str = Field(description="NAME of the environment variable holding the token.")
 
     @field_validator("token_env")
     @classmethod
@@ -37,10 +37,12 @@ class BearerAuth(StrictModel):
 class OAuthClientCredentials(StrictModel):
     """OAuth2 client credentials (Salesforce-style): a token fetched, and refreshed when it expires."""
 
-    type: Literal["oauth_client_credentials"] = "oauth_client_credentials"
-    token_url: str | None = None  # default: {base_url}/services/oauth2/token
-    client_id_env: str
-    client_secret_env: str
+    type: Literal["oauth_client_credentials"] = Field(default="oauth_client_credentials",
+                                                      description="OAuth2 client credentials grant.")
+    token_url: str | None = Field(default=None, description="Token endpoint; default "
+                                  "`{base_url}/services/oauth2/token`.")
+    client_id_env: str = Field(description="NAME of the environment variable holding the client id.")
+    client_secret_env: str = Field(description="NAME of the environment variable holding the client secret.")
 
     @field_validator("client_id_env", "client_secret_env")
     @classmethod
@@ -59,12 +61,12 @@ Auth = Annotated[BearerAuth | OAuthClientCredentials, Field(discriminator="type"
 
 
 class RateLimitConfig(StrictModel):
-    requests: int = Field(gt=0)  # the API's quota: `requests` per `per_seconds`
-    per_seconds: float = Field(gt=0)
-    share: float = Field(default=0.5, gt=0, le=1)  # the fraction of the quota this pipeline may use
-    # The longest pause a 429's Retry-After (or an exhausted quota) may impose: an epoch or a date decades
-    # away must not stall the source for good.
-    max_retry_after_seconds: float = Field(default=MAX_RETRY_AFTER_SECONDS, gt=0)
+    requests: int = Field(gt=0, description="The API's quota: this many requests per `per_seconds`.")
+    per_seconds: float = Field(gt=0, description="The quota's window, in seconds.")
+    share: float = Field(default=0.5, gt=0, le=1, description="The fraction of the quota this pipeline may use.")
+    # An epoch or a date decades away must not stall the source for good.
+    max_retry_after_seconds: float = Field(default=MAX_RETRY_AFTER_SECONDS, gt=0, description="The longest pause "
+                                           "a `429`'s Retry-After (or an exhausted quota) may impose.")
 
     @property
     def budget(self) -> int:
@@ -73,14 +75,18 @@ class RateLimitConfig(StrictModel):
 
 
 class ApiCollectionConfig(StrictModel):
-    name: str = Field(min_length=1)  # the API object: Account, contacts, /v1/tickets ...
-    table: str  # destination table, 'schema.table' or 'table' (public)
+    name: str = Field(min_length=1, description="The API object: `Account`, `contacts`, ...")
+    table: str = Field(description="Destination table, `schema.table` or `table` (public).")
     # Defaults per source type (see DEFAULT_FIELDS), filled in before validation.
-    id_field: str = Field(min_length=1)
-    cursor_field: str = Field(min_length=1)
-    fields: dict[str, str] = Field(default_factory=dict)  # API field -> Postgres type (column = lower-cased name)
-    path: str | None = None  # rest: the collection's path under base_url (default: /{name})
-    page_size: int = Field(default=200, gt=0, le=10000)
+    id_field: str = Field(min_length=1, description="Record id field; default per type: salesforce `Id`, "
+                          "hubspot `id`, rest `id`.")
+    cursor_field: str = Field(min_length=1, description="Modification-time cursor field; default per type: "
+                              "`SystemModstamp`, `hs_lastmodifieddate`, `updated_at`.")
+    fields: dict[str, str] = Field(default_factory=dict, description="API field -> Postgres type of a typed "
+                                   "column (its lower-cased name): " + ", ".join(COLUMN_TYPES) + ".")
+    path: str | None = Field(default=None, description="rest only: the collection's path under `base_url`; "
+                             "default `/{name}`.")
+    page_size: int = Field(default=200, gt=0, le=10000, description="Records per page.")
 
     @field_validator("table")
     @classmethod
@@ -124,20 +130,25 @@ DEFAULT_FIELDS = {  # source type -> (id field, modification-time cursor field)
 
 
 class ApiSourceConfig(StrictModel):
-    name: Name
-    type: Literal["salesforce", "hubspot", "rest"]
-    base_url: str
-    auth: Auth | None = None
-    rate_limit: RateLimitConfig
-    dsn: Dsn | None = Field(default=None, min_length=1)  # destination database; default the source's
-    collections: list[ApiCollectionConfig] = Field(min_length=1)
-    # How often deletes are looked for where the API only exposes them by absence (rest: full id sweep)
-    # or in a separate listing (hubspot: archived objects).
-    delete_check_seconds: float = Field(default=3600, gt=0)
-    max_lag_seconds: float | None = Field(default=None, gt=0)  # asset check ceiling; default 2 x computed
-    request_timeout_seconds: float = Field(default=30, gt=0)
-    max_retries: int = Field(default=8, ge=0)
-    api_version: str = "v59.0"  # salesforce: /services/data/{api_version}
+    name: Name = Field(description="The source's name: Dagster assets `api_sync/<name>/<collection>`.")
+    type: Literal["salesforce", "hubspot", "rest"] = Field(description="The API's style.")
+    base_url: str = Field(description="http(s) URL of the API, without credentials.")
+    auth: Auth | None = Field(default=None, description="`{type: bearer, ...}` or "
+                              "`{type: oauth_client_credentials, ...}` (environment variable names only).")
+    rate_limit: RateLimitConfig = Field(description="The API's quota and our share of it.")
+    dsn: Dsn | None = Field(default=None, min_length=1, description="Destination database; default: "
+                            "`source.dsn`.")
+    collections: list[ApiCollectionConfig] = Field(min_length=1, description="The API objects synced, one table "
+                                                   "each.")
+    delete_check_seconds: float = Field(default=3600, gt=0, description="How often deletes are looked for where "
+                                        "the API only shows them by absence (rest: full id sweep) or in a "
+                                        "separate listing (hubspot: archived objects).")
+    max_lag_seconds: float | None = Field(default=None, gt=0, description="Ceiling of the "
+                                          "`max_lag_within_ceiling` check; default: twice the computed max lag.")
+    request_timeout_seconds: float = Field(default=30, gt=0, description="Deadline of one request.")
+    max_retries: int = Field(default=8, ge=0, description="Retries of a request that failed transiently "
+                             "(network, `5xx`) before the collection's turn fails.")
+    api_version: str = Field(default="v59.0", description="salesforce: the `/services/data/{api_version}` path.")
 
     @model_validator(mode="before")
     @classmethod

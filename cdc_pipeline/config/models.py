@@ -25,11 +25,16 @@ from cdc_pipeline.config.errors import ConfigError, Loc, fail
 from cdc_pipeline.config.sinks import SinkConfig
 from cdc_pipeline.config.tables import TableConfig
 
+_DEPRECATED = "Deprecated: accepted and validated, has no effect (loading warns)."
+
 
 class SourceConfig(StrictModel):
-    dsn: Dsn = Field(min_length=1)
-    slot: str = "cdc_pipeline"
-    publication: str = "cdc_pipeline"
+    dsn: Dsn = Field(min_length=1, description="The source database (libpq URL or key=value DSN); use `${VAR}` "
+                     "for the password.")
+    slot: str = Field(default="cdc_pipeline", description="Logical replication slot (pgoutput) that `setup` "
+                      "creates and the drain reads.")
+    publication: str = Field(default="cdc_pipeline", description="Publication of the configured tables, "
+                             "created and extended by `setup`.")
 
     @field_validator("slot")
     @classmethod
@@ -48,13 +53,16 @@ class SourceConfig(StrictModel):
 
 
 class StateConfig(StrictModel):
-    dsn: Dsn | None = Field(default=None, min_length=1)
+    dsn: Dsn | None = Field(default=None, min_length=1, description="The state database (change log, offsets, "
+                            "parked messages, backfills); default: the source database.")
     # `schema` would shadow BaseModel.schema(), hence the alias.
-    schema_name: str = Field(default="cdc_pipeline", alias="schema")
-    retention_hours: float | None = Field(default=None, gt=0)
-    # A sink further behind than this: a row stream is re-synced by a backfill, a change stream stops
-    # loudly (delivery/backlog.py). None: the log keeps everything until every sink has passed it.
-    max_backlog_hours: float | None = Field(default=None, gt=0)
+    schema_name: str = Field(default="cdc_pipeline", alias="schema", description="Schema of the state tables.")
+    retention_hours: float | None = Field(default=None, gt=0, description="Delete log rows older than this that "
+                                          "nothing still needs (every sink passed them, none parked, no backfill "
+                                          "page needs them); default: keep everything.")
+    max_backlog_hours: float | None = Field(default=None, gt=0, description="A sink whose oldest undelivered "
+                                            "change is older than this: a row stream is re-synced by a backfill, "
+                                            "a change stream is stopped; default: no limit.")
 
     @field_validator("schema_name")
     @classmethod
@@ -63,8 +71,10 @@ class StateConfig(StrictModel):
 
 
 class SparkConfig(StrictModel):
-    master: str = Field(default="local[*]", min_length=1)
-    conf: dict[str, str] = Field(default_factory=dict)
+    master: str = Field(default="local[*]", min_length=1, description="Spark master URL of the delivery "
+                        "runs' SparkSession.")
+    conf: dict[str, str] = Field(default_factory=dict, description="Spark settings (`spark.*` keys); applied at "
+                                 "run time, never stored in Dagster's snapshots.")
 
     @field_validator("conf", mode="before")
     @classmethod
@@ -73,27 +83,31 @@ class SparkConfig(StrictModel):
 
 
 class DrainConfig(StrictModel):
-    tick_seconds: float = Field(default=20, gt=0)  # deprecated: accepted, has no effect (loading.DEPRECATED_KEYS)
-    heartbeat_seconds: float = Field(default=5, gt=0)
-    batch_rows: int = Field(default=20000, gt=0)
-    # Commit to the log at least this often: bounds the capture part of commit-to-sink latency.
-    batch_ms: int = Field(default=200, gt=0)
-    idle_seconds: float = Field(default=2, gt=0)  # deprecated: accepted, has no effect (loading.DEPRECATED_KEYS)
-    # Dagster: one drain run streams this long, then the drain sensor starts the next one.
-    run_minutes: float = Field(default=30, gt=0)
-    # Dagster: the change log's slot_lag check fails when the slot is further behind than this.
-    max_lag_seconds: float = Field(default=60, gt=0)
-    # The drain's buffer is written to the log at batch_rows rows or this many bytes, whichever first.
-    batch_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
-    # Standby status updates at least this often (as pg_recvlogical --status-interval), and more often
-    # when the server's wal_sender_timeout needs it.
-    status_interval_seconds: float = Field(default=10, gt=0)
-    # A lost connection is retried with capped exponential backoff and jitter.
-    retry_initial_ms: int = Field(default=500, gt=0)
-    retry_max_ms: int = Field(default=30000, gt=0)
-    # The state database's progress is behind the slot (restored from an older backup): stop, or
-    # accept the slot's position and backfill the published tables.
-    on_gap: Literal["stop", "backfill"] = "stop"
+    tick_seconds: float = Field(default=20, gt=0, description=_DEPRECATED)  # loading.DEPRECATED_KEYS
+    heartbeat_seconds: float = Field(default=5, gt=0, description="Emit a heartbeat message this often, so an "
+                                     "idle database's slot advances.")
+    batch_rows: int = Field(default=20000, gt=0, description="Write the drain's buffer to the log at this many "
+                            "rows (or `batch_bytes`, whichever first).")
+    batch_ms: int = Field(default=200, gt=0, description="Commit to the log at least this often (bounds the "
+                          "capture part of the commit-to-sink latency).")
+    idle_seconds: float = Field(default=2, gt=0, description=_DEPRECATED)  # loading.DEPRECATED_KEYS
+    run_minutes: float = Field(default=30, gt=0, description="Dagster: one `cdc_drain` run streams this long, "
+                               "then the drain sensor starts the next one.")
+    max_lag_seconds: float = Field(default=60, gt=0, description="Dagster: the `slot_lag_below_max` check fails "
+                                   "when the slot is further behind than this.")
+    batch_bytes: int = Field(default=64 * 1024 * 1024, gt=0, description="Write the drain's buffer to the log "
+                             "at this many bytes (or `batch_rows`, whichever first).")
+    status_interval_seconds: float = Field(default=10, gt=0, description="Report the flushed position at least "
+                                           "this often (as `pg_recvlogical --status-interval`), more often when "
+                                           "the server's `wal_sender_timeout` needs it.")
+    retry_initial_ms: int = Field(default=500, gt=0, description="First delay before reconnecting after a lost "
+                                  "or refused connection (capped exponential backoff with jitter).")
+    retry_max_ms: int = Field(default=30000, gt=0, description="Cap of the reconnect delay; at least "
+                              "`retry_initial_ms`.")
+    on_gap: Literal["stop", "backfill"] = Field(default="stop", description="When the state database is behind "
+                                                "the slot (restored from an older backup): `stop` names the tables "
+                                                "and LSN range and exits 1; `backfill` records and runs full "
+                                                "backfills of them.")
 
     @model_validator(mode="after")
     def _check_retry(self) -> "DrainConfig":
@@ -104,22 +118,22 @@ class DrainConfig(StrictModel):
 
 
 class DeliveryConfig(StrictModel):
-    batch_size: int = Field(default=20000, gt=0)
-    # A batch also ends once its messages hold this many bytes of JSON (very large rows).
-    batch_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
-    # How often a long-running delivery polls an idle log: bounds the delivery part of the latency.
-    idle_seconds: float = Field(default=0.25, gt=0)
-    lag_trigger_messages: int = Field(default=1, ge=1)  # deprecated: accepted, has no effect (loading.DEPRECATED_KEYS)
-    # The Dagster asset check fails when a message has been parked longer than this.
-    max_parked_age_seconds: float = Field(default=3600, gt=0)
-    # Dagster: one long-lived delivery run per sink streams this long (Spark stays warm meanwhile).
-    run_minutes: float = Field(default=30, gt=0)
-    # Dagster: a sink's lag check fails when its oldest undelivered change is older than this.
-    max_lag_seconds: float = Field(default=60, gt=0)
-    # A destination (or the state database) that is down is waited for with capped exponential
-    # backoff and jitter: never counted against a message's max_retries.
-    retry_initial_ms: int = Field(default=500, gt=0)
-    retry_max_ms: int = Field(default=30000, gt=0)
+    batch_size: int = Field(default=20000, gt=0, description="Messages per delivery micro-batch (a sink's own "
+                            "`batch_size` overrides it).")
+    batch_bytes: int = Field(default=64 * 1024 * 1024, gt=0, description="A batch also ends once its messages "
+                             "hold this many bytes of record and changes JSON (at least one message per batch).")
+    idle_seconds: float = Field(default=0.25, gt=0, description="How often a long-running delivery polls an "
+                                "idle log (bounds the delivery part of the latency).")
+    lag_trigger_messages: int = Field(default=1, ge=1, description=_DEPRECATED)  # loading.DEPRECATED_KEYS
+    max_parked_age_seconds: float = Field(default=3600, gt=0, description="Dagster: `no_stale_parked_messages` "
+                                          "warns when a message has been parked longer than this.")
+    run_minutes: float = Field(default=30, gt=0, description="Dagster: one delivery run per sink streams this "
+                               "long (Spark stays warm), then the delivery sensor starts the next one.")
+    max_lag_seconds: float = Field(default=60, gt=0, description="Dagster: `lag_below_max` fails when a sink's "
+                                   "oldest undelivered change is older than this.")
+    retry_initial_ms: int = Field(default=500, gt=0, description="First delay while waiting for a destination "
+                                  "(or state database) that is down; never counted against `max_retries`.")
+    retry_max_ms: int = Field(default=30000, gt=0, description="Cap of that delay; at least `retry_initial_ms`.")
 
     @model_validator(mode="after")
     def _check_retry(self) -> "DeliveryConfig":
@@ -130,13 +144,17 @@ class DeliveryConfig(StrictModel):
 
 
 class BackfillConfig(StrictModel):
-    max_query_ms: int = Field(default=5000, gt=0)
-    max_page_size: int = Field(default=50000, gt=0)
-    initial_page_size: int = Field(default=1000, gt=0)
-    max_staged_pages: int = Field(default=4, gt=0)
-    max_sink_backlog: int = Field(default=500000, gt=0)
-    # Windows of one table (partitions) that do not overlap may be backfilled side by side, this many.
-    max_parallel: int = Field(default=2, gt=0)
+    max_query_ms: int = Field(default=5000, gt=0, description="Each page's select and staging stays under this: "
+                              "the page size adapts.")
+    max_page_size: int = Field(default=50000, gt=0, description="Largest page (rows).")
+    initial_page_size: int = Field(default=1000, gt=0, description="First page size (rows); at most "
+                                   "`max_page_size`.")
+    max_staged_pages: int = Field(default=4, gt=0, description="Reading pauses while more pages than this wait "
+                                  "for the drain to reconcile them.")
+    max_sink_backlog: int = Field(default=500000, gt=0, description="Reading pauses while a target sink has more "
+                                  "undelivered messages than this.")
+    max_parallel: int = Field(default=2, gt=0, description="Non-overlapping windows (partitions) of one table "
+                              "and sink backfilled side by side.")
 
     @model_validator(mode="after")
     def _check_pages(self) -> "BackfillConfig":
@@ -157,22 +175,26 @@ _API_ONLY: ContextVar[bool] = ContextVar("cdc_pipeline_api_only", default=False)
 class MetricsConfig(StrictModel):
     """Prometheus /metrics, /healthz and /readyz of drain, deliver, serve and api-sync (off without a port)."""
 
-    port: int | None = Field(default=None, ge=0, le=65535)
-    host: str = "127.0.0.1"
+    port: int | None = Field(default=None, ge=0, le=65535, description="Port to serve on; none: off "
+                             "(`--metrics-port` overrides it).")
+    host: str = Field(default="127.0.0.1", description="Address to listen on.")
 
 
 class PipelineConfig(StrictModel):
-    source: SourceConfig
-    state: StateConfig = Field(default_factory=StateConfig)
-    spark: SparkConfig = Field(default_factory=SparkConfig)
-    drain: DrainConfig = Field(default_factory=DrainConfig)
-    delivery: DeliveryConfig = Field(default_factory=DeliveryConfig)
-    backfill: BackfillConfig = Field(default_factory=BackfillConfig)
-    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
-    # May be empty (or absent) only when api_sources is set: an API-sync-only pipeline captures nothing.
-    tables: list[TableConfig]
-    sinks: list[SinkConfig] = Field(default_factory=list)
-    api_sources: list[ApiSourceConfig] = Field(default_factory=list)
+    source: SourceConfig = Field(description="The database captured.")
+    state: StateConfig = Field(default_factory=StateConfig, description="Where the change log and the "
+                               "pipeline's state live.")
+    spark: SparkConfig = Field(default_factory=SparkConfig, description="The SparkSession of delivery.")
+    drain: DrainConfig = Field(default_factory=DrainConfig, description="Capture: slot -> change log.")
+    delivery: DeliveryConfig = Field(default_factory=DeliveryConfig, description="Change log -> sinks.")
+    backfill: BackfillConfig = Field(default_factory=BackfillConfig, description="Backfill pacing.")
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig, description="Prometheus `/metrics`, "
+                                   "`/healthz` and `/readyz` of long-running commands (off by default).")
+    tables: list[TableConfig] = Field(description="The captured tables; may be empty or absent only when "
+                                      "`api_sources` is set.")
+    sinks: list[SinkConfig] = Field(default_factory=list, description="Where the changes go.")
+    api_sources: list[ApiSourceConfig] = Field(default_factory=list, description="SaaS APIs kept in step with "
+                                               "Postgres tables.")
 
     # Private, so a `path:` key in the YAML is an unknown-key error rather than an override.
     _path: str | None = PrivateAttr(default=None)

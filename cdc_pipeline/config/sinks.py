@@ -15,10 +15,12 @@ from cdc_pipeline.config.errors import Loc, fail, kind_of
 
 
 class BackoffConfig(StrictModel):
-    initial_ms: int = Field(default=1000, gt=0)
-    max_ms: int = Field(default=300000, gt=0)
-    multiplier: float = Field(default=2.0, ge=1)
-    jitter: float = Field(default=0.2, ge=0, le=1)
+    initial_ms: int = Field(default=1000, gt=0, description="Delay before a parked message's first retry.")
+    max_ms: int = Field(default=300000, gt=0, description="Cap of the retry delay; at least `initial_ms`.")
+    multiplier: float = Field(default=2.0, ge=1, description="Each retry waits `initial_ms x "
+                              "multiplier^(attempt-1)`, capped at `max_ms`.")
+    jitter: float = Field(default=0.2, ge=0, le=1, description="Random spread of each delay, as a fraction "
+                          "(0.2 = +/- 20%).")
 
     @model_validator(mode="after")
     def _check_range(self) -> "BackoffConfig":
@@ -31,22 +33,34 @@ Action = Literal["insert", "update", "delete"]
 
 
 class SinkConfig(StrictModel):
-    name: Name
-    tables: list[str] = Field(min_length=1)
-    actions: list[Action] = Field(default_factory=lambda: ["insert", "update", "delete"], min_length=1)
-    filter: str | None = Field(default=None, min_length=1)  # Spark SQL boolean expression
-    # 'package.module:function' (DataFrame -> DataFrame), or output field -> Spark SQL expression.
-    transform: str | dict[str, str] | None = None
-    route: str | None = Field(default=None, min_length=1)
-    message_grouping: bool = True
-    max_retries: int | None = Field(default=None, ge=0)  # None = retry forever
-    backoff: BackoffConfig = Field(default_factory=BackoffConfig)
-    batch_size: int | None = Field(default=None, gt=0)
-    # rows: the latest version of each changed row (`record` + `metadata`), coalesced per batch;
-    # changes: every change with `action` and `changes` (the default).
-    stream: Literal["changes", "rows"] = "changes"
-    deletes: bool = False  # rows only: send `{"record": <old key>, "deleted": true}` for a deleted row
-    destination: Destination
+    name: Name = Field(description="The sink's name (1-63 letters, digits, `_`, `-`): names its offset, locks, "
+                       "Dagster asset `sink/<name>` and job `deliver_<name>`.")
+    tables: list[str] = Field(min_length=1, description="Tables it receives (`schema.table` or `table`, meaning "
+                              "`public.table`); each must be under `tables:`.")
+    actions: list[Action] = Field(default_factory=lambda: ["insert", "update", "delete"], min_length=1,
+                                  description="Change actions it receives; backfill `read` messages always pass.")
+    filter: str | None = Field(default=None, min_length=1, description="Spark SQL boolean expression over "
+                               "`record`, `changes`, `action`, `metadata`; messages it is not true for are "
+                               "skipped.")
+    transform: str | dict[str, str] | None = Field(default=None, description="A mapping of output field to Spark "
+                                                   "SQL expression (the message body becomes those fields), or "
+                                                   "`\"package.module:function\"` (DataFrame -> DataFrame).")
+    route: str | None = Field(default=None, min_length=1, description="Spark SQL expression giving each "
+                              "message's destination (stream key, subject, routing key, append table).")
+    message_grouping: bool = Field(default=True, description="Order messages per group (the primary key, or the "
+                                   "table's `group_columns`); `false` turns ordering off.")
+    max_retries: int | None = Field(default=None, ge=0, description="Retries of a parked message before it is "
+                                    "discarded; null: retry forever.")
+    backoff: BackoffConfig = Field(default_factory=BackoffConfig, description="Retry delays of parked messages.")
+    batch_size: int | None = Field(default=None, gt=0, description="Messages per delivery batch for this sink; "
+                                   "default: `delivery.batch_size`.")
+    stream: Literal["changes", "rows"] = Field(default="changes", description="`changes`: every change with "
+                                               "`action` and `changes`; `rows`: the latest version of each "
+                                               "changed row, coalesced per batch.")
+    deletes: bool = Field(default=False, description="Row streams only: send `{\"record\": <key>, \"deleted\": "
+                          "true}` for a deleted row.")
+    destination: Destination = Field(description="Where it sends: one of the destination types below, chosen by "
+                                     "`type`.")
 
     @field_validator("tables")
     @classmethod

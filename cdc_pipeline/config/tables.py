@@ -16,10 +16,13 @@ PartitionKind = Literal["daily", "hourly", "weekly", "monthly", "integer"]
 
 
 class PartitionsConfig(StrictModel):
-    kind: PartitionKind = "daily"
-    start: str
-    end: str | None = None
-    step: int | None = Field(default=None, gt=0)  # integer partitions only
+    kind: PartitionKind = Field(default="daily", description="`hourly`, `daily`, `weekly`, `monthly` (UTC) "
+                                "windows of a time sort column, or `integer` windows.")
+    start: str = Field(description="First partition's start (a date or datetime, or an integer for `integer`).")
+    end: str | None = Field(default=None, description="End, exclusive; required for `integer`; default: open "
+                            "ended (time kinds).")
+    step: int | None = Field(default=None, gt=0, description="`integer` only: width of a partition; default "
+                             "(end - start) / 100.")
 
     @field_validator("start", "end", mode="before")
     @classmethod
@@ -58,10 +61,13 @@ class PartitionsConfig(StrictModel):
 
 
 class TableConfig(StrictModel):
-    name: str
-    sort_column: str | None = None
-    group_columns: list[str] | None = Field(default=None, min_length=1)
-    partitions: PartitionsConfig | None = None
+    name: str = Field(description="`schema.table`, or `table` meaning `public.table`.")
+    sort_column: str | None = Field(default=None, description="Column of partial backfills and partitions "
+                                    "(rows where it is NULL are in no partition).")
+    group_columns: list[str] | None = Field(default=None, min_length=1, description="Record columns that group "
+                                            "messages for ordering; default: the primary key.")
+    partitions: PartitionsConfig | None = Field(default=None, description="Dagster partitions of the table's "
+                                                "backfill asset; requires `sort_column`.")
 
     @field_validator("name")
     @classmethod

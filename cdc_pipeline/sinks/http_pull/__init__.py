@@ -17,9 +17,11 @@ class HttpPullDestination(StrictModel):
     """Messages wait in the state database until a consumer pulls them from `cdc-pipeline serve`."""
 
     type: Literal["http_pull"] = "http_pull"
-    token_env: str  # NAME of the environment variable holding the consumers' bearer token
-    visibility_timeout_ms: int = Field(default=30000, gt=0)
-    max_deliveries: int | None = Field(default=None, gt=0)  # None = hand a message out forever
+    token_env: str = Field(description="NAME of the environment variable holding the consumers' bearer token.")
+    visibility_timeout_ms: int = Field(default=30000, gt=0, description="A received message not acked within "
+                                       "this is handed out again.")
+    max_deliveries: int | None = Field(default=None, gt=0, description="A message handed out this many times "
+                                       "without an ack is parked; default: hand it out forever.")
 
     @field_validator("token_env")
     @classmethod

@@ -15,10 +15,13 @@ from cdc_pipeline.sinks.base import Sink, SinkConfigLike
 
 class NatsDestination(StrictModel):
     type: Literal["nats"] = "nats"
-    url: str = "nats://127.0.0.1:4222"
-    subject: str = Field(default="cdc", min_length=1)
-    stream: str = Field(default="CDC", min_length=1)
-    ack_timeout_ms: int = Field(default=5000, gt=0)
+    url: str = Field(default="nats://127.0.0.1:4222", description="Server URL (`nats://`, `tls://`, `ws://`, "
+                     "`wss://`).")
+    subject: str = Field(default="cdc", min_length=1, description="Subject of messages without a route.")
+    stream: str = Field(default="CDC", min_length=1, description="JetStream stream, created if missing with "
+                        "subjects `<subject>` and `<subject>.>`; an existing one is left as is.")
+    ack_timeout_ms: int = Field(default=5000, gt=0, description="A message whose PubAck does not arrive in time "
+                                "fails.")
 
     @field_validator("url")
     @classmethod

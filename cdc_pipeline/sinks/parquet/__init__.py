@@ -15,7 +15,8 @@ from cdc_pipeline.sinks.base import Sink, SinkConfigLike
 
 class ParquetDestination(StrictModel):
     type: Literal["parquet"] = "parquet"
-    path: str = Field(min_length=1)
+    path: str = Field(min_length=1, description="Directory or Hadoop filesystem URI (`file://`, `hdfs://`, "
+                      "`s3a://`, ...) that Spark writes each batch under.")
 
 
 def build(sink_config: SinkConfigLike, environ: Mapping[str, str]) -> Sink:

@@ -18,11 +18,16 @@ OFFSETS_SCHEMA = "cdc_pipeline_sink"
 
 class PostgresDestination(StrictModel):
     type: Literal["postgres"] = "postgres"
-    dsn: Dsn = Field(min_length=1)
-    table: str
-    mode: Literal["mirror", "append"] = "mirror"
-    # Schemas a data-driven `route` may name (None: any). A route elsewhere parks its message.
-    route_schemas: list[str] | None = Field(default=None, min_length=1)
+    dsn: Dsn = Field(min_length=1, description="The destination database; its own role, with `CREATE` on the "
+                     "target schemas.")
+    table: str = Field(description="Target table (`schema.table`); may contain `{schema}` and `{table}`, the "
+                       "source table's, so one sink serves several tables.")
+    mode: Literal["mirror", "append"] = Field(default="mirror", description="`mirror`: the table follows the "
+                                              "source (upserts, deletes, truncates, added/dropped columns); "
+                                              "`append`: one row per message, keyed by its idempotency key.")
+    route_schemas: list[str] | None = Field(default=None, min_length=1, description="Schemas a data-driven "
+                                            "`route` may name (null: any but system schemas); a route elsewhere "
+                                            "parks its message.")
 
     @field_validator("route_schemas")
     @classmethod

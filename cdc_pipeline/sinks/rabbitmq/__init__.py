@@ -7,7 +7,7 @@ never imports the client library) and its client (`client.py`, imported only whe
 from collections.abc import Mapping
 from typing import Literal
 
-from pydantic import field_validator
+from pydantic import Field, field_validator
 
 from cdc_pipeline.config.base import StrictModel, url_with_scheme
 from cdc_pipeline.sinks.base import Sink, SinkConfigLike
@@ -15,10 +15,12 @@ from cdc_pipeline.sinks.base import Sink, SinkConfigLike
 
 class RabbitMQDestination(StrictModel):
     type: Literal["rabbitmq"] = "rabbitmq"
-    url: str = "amqp://guest:guest@127.0.0.1:5672/%2F"
-    exchange: str = "cdc"
-    exchange_type: Literal["topic", "direct", "fanout", "headers"] = "topic"
-    routing_key: str = "cdc"
+    url: str = Field(default="amqp://guest:guest@127.0.0.1:5672/%2F", description="AMQP URL (`amqp://`, "
+                     "`amqps://`).")
+    exchange: str = Field(default="cdc", description="Exchange, declared durable on start.")
+    exchange_type: Literal["topic", "direct", "fanout", "headers"] = Field(default="topic", description="The "
+                                                                           "exchange's type.")
+    routing_key: str = Field(default="cdc", description="Routing key of messages without a route.")
 
     @field_validator("url")
     @classmethod

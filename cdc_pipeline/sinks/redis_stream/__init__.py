@@ -15,9 +15,10 @@ from cdc_pipeline.sinks.base import Sink, SinkConfigLike
 
 class RedisStreamDestination(StrictModel):
     type: Literal["redis_stream"] = "redis_stream"
-    url: str = "redis://127.0.0.1:6379/0"
-    stream_key: str = Field(default="cdc", min_length=1)
-    maxlen: int | None = Field(default=None, gt=0)
+    url: str = Field(default="redis://127.0.0.1:6379/0", description="`redis://`, `rediss://` or `unix://` URL.")
+    stream_key: str = Field(default="cdc", min_length=1, description="Stream receiving messages without a route.")
+    maxlen: int | None = Field(default=None, gt=0, description="Approximate cap on the stream's length "
+                               "(`MAXLEN ~`); default: none.")
 
     @field_validator("url")
     @classmethod

@@ -17,12 +17,16 @@ from cdc_pipeline.sinks.base import Sink, SinkConfigLike
 
 class WebhookDestination(StrictModel):
     type: Literal["webhook"] = "webhook"
-    url: str
-    headers: dict[str, str] = Field(default_factory=dict)
-    timeout_ms: int = Field(default=10000, gt=0)
-    hmac_secret_env: str | None = None  # NAME of an environment variable holding the secret
-    signature_header: str = "X-CDC-Signature"
-    batch_size: int = Field(default=1000, gt=0)
+    url: str = Field(description="http(s) endpoint receiving `POST {\"data\": [message, ...]}`.")
+    headers: dict[str, str] = Field(default_factory=dict, description="Extra request headers (e.g. "
+                                    "`Authorization: ${TOKEN}`); never shown in errors.")
+    timeout_ms: int = Field(default=10000, gt=0, description="Total deadline per request (connect, send, "
+                            "response); a timeout fails that request's messages.")
+    hmac_secret_env: str | None = Field(default=None, description="NAME of the environment variable holding "
+                                        "the signing secret (never the secret itself).")
+    signature_header: str = Field(default="X-CDC-Signature", description="Receives the hex HMAC-SHA256 of the "
+                                  "body; `<signature_header>-V2` the HMAC of `<X-CDC-Timestamp>.<body>`.")
+    batch_size: int = Field(default=1000, gt=0, description="Messages per request.")
 
     @field_validator("headers", mode="before")
     @classmethod
