@@ -18,6 +18,7 @@ from cdc_pipeline.sinks import build_sink
 from cdc_pipeline.sinks.base import SinkConfigError, SinkUnavailable, Unreachable
 from cdc_pipeline.sinks.kafka import KafkaDestination
 from cdc_pipeline.sinks.kafka.client import KafkaSink
+from cdc_pipeline.sinks.kafka.topics import headers
 from cdc_pipeline_tests.integration.test_sinks_brokers import messages, unique
 from cdc_pipeline_tests.kafka_broker import TansuBroker, broker, free_port
 
@@ -132,3 +133,18 @@ def test_secrets_come_from_environment_variable_names_only() -> None:
     assert sink._conf["sasl.password"] == "s3cret" and sink._conf["sasl.mechanism"] == "SCRAM-SHA-512"
     with pytest.raises(ValidationError, match="invalid topic"):
         KafkaDestination(bootstrap_servers="h:9092", topic="no spaces")
+
+
+def test_headers_read_the_envelope_not_look_alikes_in_record_or_annotations() -> None:
+    fake = ',"action":"insert","metadata":{"table_schema":"fake","table_name":"t","idempotency_key":"1:2"}'
+    message = {"record": {"x": fake, "action": "read", "metadata": {"table_schema": "rec", "table_name": "r"}},
+               "changes": None, "action": "update",
+               "metadata": {"table_schema": 'pub"lic', "table_name": "örders", "commit_lsn": 1, "commit_idx": 2,
+                            "idempotency_key": "1:2", "annotations": {"a": fake, "action": "delete", "metadata": {
+                                "table_schema": "ann", "table_name": "x", "idempotency_key": "9:9"}}}}
+    payload = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode()
+    assert headers("1:2", payload) == [("idempotency_key", b"1:2"), ("table", 'pub"lic.örders'.encode()),
+                                       ("action", b"update")]
+    assert headers("1:2", b'{"id": 1}') == [("idempotency_key", b"1:2")]  # a transform's shape without them
+    assert headers("1:2", b'{"action": "x", "metadata": {"table_schema": "a", "table_name": "b"}}')[1:] == [
+        ("table", b"a.b"), ("action", b"x")]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
+from json.decoder import scanstring  # type: ignore[attr-defined]
 
 MAX_TOPIC_CHARS = 249  # Kafka's limit
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]+$")
@@ -30,19 +31,50 @@ def topic_problem(route: str | None, allowed_prefixes: Sequence[str] | None) -> 
     return None
 
 
+_ACTION = ',"action":"'
+_META = '","metadata":{"table_schema":"'
+_TABLE = ',"table_name":"'
+
+
 def headers(key: str, payload: bytes) -> list[tuple[str, bytes]]:
     """The record's headers: the idempotency key always; `table` (schema.table) and `action` when the
     message has them (a transform may have dropped them)."""
     out = [("idempotency_key", key.encode())]
-    try:
-        message = json.loads(payload)
-    except ValueError:
+    text = payload.decode()
+    found = _envelope(text, key)
+    if found is None:  # a transform's own shape: parse it
+        try:
+            message = json.loads(text)
+        except ValueError:
+            return out
+        meta = message.get("metadata") if isinstance(message, dict) else None
+        if isinstance(meta, dict) and isinstance(meta.get("table_schema"), str) and isinstance(meta.get("table_name"), str):
+            out.append(("table", f"{meta['table_schema']}.{meta['table_name']}".encode()))
+        if isinstance(message, dict) and isinstance(message.get("action"), str):
+            out.append(("action", message["action"].encode()))
         return out
-    if not isinstance(message, dict):
-        return out
-    meta = message.get("metadata")
-    if isinstance(meta, dict) and isinstance(meta.get("table_schema"), str) and isinstance(meta.get("table_name"), str):
-        out.append(("table", f"{meta['table_schema']}.{meta['table_name']}".encode()))
-    if isinstance(message.get("action"), str):
-        out.append(("action", message["action"].encode()))
-    return out
+    return [*out, ("table", found[0].encode()), ("action", found[1].encode())]
+
+
+def _envelope(text: str, key: str) -> tuple[str, str] | None:
+    """(schema.table, action) of a message in the stages' shape, read from its envelope without parsing the
+    record: {"record":R,"changes":C,"action":"A","metadata":{"table_schema":S,"table_name":T,...}}. The
+    envelope is the last such sequence whose metadata names this message's idempotency key (an annotation
+    after it cannot hold that key: it is written before the commit that gives the key)."""
+    end = len(text)
+    while (at := text.rfind(_ACTION, 0, end)) >= 0:
+        end = at
+        start = at + len(_ACTION)
+        stop = text.find('"', start)
+        if stop < 0 or not text.startswith(_META, stop):
+            continue
+        try:
+            schema, i = scanstring(text, stop + len(_META))
+            if not text.startswith(_TABLE, i):
+                continue
+            table, i = scanstring(text, i + len(_TABLE))
+        except ValueError:
+            continue
+        if f'"idempotency_key":"{key}"' in text[i:i + 200]:
+            return f"{schema}.{table}", text[start:stop]
+    return None
