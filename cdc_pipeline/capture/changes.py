@@ -10,11 +10,12 @@ from cdc_pipeline.postgres.pgoutput import UNCHANGED_TOAST, Delete, Insert, Rela
 from cdc_pipeline.postgres.pgtypeinfo import PgType, TextRule, mirror_plan
 
 # (commit_lsn, commit_idx, xid, table_schema, table_name, action, pk, record, changes, commit_ts, backfill_id,
-#  texts)
-LogRow = tuple[int, int, int, str, str, str, str | None, str | None, str | None, datetime, str | None, str | None]
+#  texts, annotations)
+LogRow = tuple[int, int, int, str, str, str, str | None, str | None, str | None, datetime, str | None, str | None,
+               str | None]
 LOG_COLUMNS = (
     "commit_lsn", "commit_idx", "xid", "table_schema", "table_name", "action", "pk", "record", "changes",
-    "commit_ts", "backfill_id", "texts",
+    "commit_ts", "backfill_id", "texts", "annotations",
 )
 
 
@@ -100,16 +101,18 @@ def _pk(shape: RelationShape, frags: list[str | None]) -> str | None:
 
 
 def row_change(
-    shape: RelationShape, msg: Insert | Update | Delete, lsn: int, idx: int, xid: int, ts: datetime
+    shape: RelationShape, msg: Insert | Update | Delete, lsn: int, idx: int, xid: int, ts: datetime,
+    annotations: str | None = None,
 ) -> LogRow:
+    """``annotations``: the transaction's annotation JSON in force at this change (capture/annotations.py)."""
     if isinstance(msg, Insert):
         frags = _encode(shape, msg.new)
         return (lsn, idx, xid, shape.schema, shape.name, "insert", _pk(shape, frags), _record(shape, frags),
-                None, ts, None, _texts(shape, msg.new))
+                None, ts, None, _texts(shape, msg.new), annotations)
     if isinstance(msg, Delete):
         frags = _encode(shape, msg.old)
         return (lsn, idx, xid, shape.schema, shape.name, "delete", _pk(shape, frags), _record(shape, frags),
-                None, ts, None, _texts(shape, msg.old))
+                None, ts, None, _texts(shape, msg.old), annotations)
     new = _encode(shape, msg.new)
     raw_new = msg.new
     changes = "{}"
@@ -127,8 +130,9 @@ def row_change(
             pairs = [(shape.keys[i], old[i]) for i in shape.pk_idx if old[i] != new[i] and old[i] is not None]
         changes = "{" + ",".join(k + o for k, o in pairs) + "}"  # type: ignore[operator]
     return (lsn, idx, xid, shape.schema, shape.name, "update", _pk(shape, new), _record(shape, new),
-            changes, ts, None, _texts(shape, raw_new))
+            changes, ts, None, _texts(shape, raw_new), annotations)
 
 
-def truncate_row(shape: RelationShape, lsn: int, idx: int, xid: int, ts: datetime) -> LogRow:
-    return (lsn, idx, xid, shape.schema, shape.name, "truncate", None, None, None, ts, None, None)
+def truncate_row(shape: RelationShape, lsn: int, idx: int, xid: int, ts: datetime,
+                 annotations: str | None = None) -> LogRow:
+    return (lsn, idx, xid, shape.schema, shape.name, "truncate", None, None, None, ts, None, None, annotations)

@@ -28,7 +28,7 @@ from datetime import datetime
 import psycopg
 from psycopg import sql
 
-from cdc_pipeline.capture import faults, gap
+from cdc_pipeline.capture import annotations, faults, gap
 from cdc_pipeline.capture.changes import RelationShape, row_change, truncate_row
 from cdc_pipeline.capture.logwriter import LogWriter
 from cdc_pipeline.capture.reconcile import watermark_hooks
@@ -231,6 +231,7 @@ class Drain:
         in_txn = skipping = idle = False
         lsn = idx = xid = 0
         ts: datetime | None = None
+        note: str | None = None  # the transaction's annotation in force (capture/annotations.py)
         pending_end = 0  # end LSN of the last complete transaction not yet committed to the log
         pending_since = 0.0
         pending_changes = 0
@@ -270,6 +271,7 @@ class Drain:
                 if isinstance(msg, pgoutput.Begin):
                     in_txn = True
                     lsn, xid, ts, idx = msg.final_lsn, msg.xid, msg.commit_ts, 0
+                    note = None
                     skipping = lsn < committed  # the log already holds this transaction
                 elif isinstance(msg, pgoutput.Commit):
                     in_txn = False
@@ -295,14 +297,14 @@ class Drain:
                 elif skipping:
                     continue
                 elif isinstance(msg, (pgoutput.Insert, pgoutput.Update, pgoutput.Delete)):
-                    writer.add(row_change(self._shapes[msg.relation_id], msg, lsn, idx, xid, ts), state)
+                    writer.add(row_change(self._shapes[msg.relation_id], msg, lsn, idx, xid, ts, note), state)
                     idx += 1
                     pending_changes += 1
                     stats.changes += 1
                     changes_since_probe += 1
                 elif isinstance(msg, pgoutput.Truncate):
                     for rid in msg.relation_ids:
-                        writer.add(truncate_row(self._shapes[rid], lsn, idx, xid, ts), state)
+                        writer.add(truncate_row(self._shapes[rid], lsn, idx, xid, ts, note), state)
                         idx += 1
                         pending_changes += 1
                         stats.changes += 1
@@ -315,6 +317,9 @@ class Drain:
                             # Idle: nothing new since the probe, and no gap backfill still needs this drain.
                             idle = changes_since_probe == 0 and not self.gaps.running()
                             probe = None
+                    elif prefix == annotations.ANNOTATIONS_PREFIX:
+                        if msg.transactional and in_txn:
+                            note = self._annotation(msg, lsn) or note  # a refused one changes nothing
                     elif prefix in self.hooks:
                         writer.flush(state)  # hooks see the log up to this point
                         taken, logged = self.hooks[prefix](msg, lsn, idx, state)
@@ -343,6 +348,14 @@ class Drain:
     def _relation(self, rel: pgoutput.Relation, source: psycopg.Connection, state: psycopg.Connection,
                   write: bool) -> None:
         self._shapes[rel.relation_id] = learn_relation(rel, source, state, self.config.state.schema_name, write)
+
+    @staticmethod
+    def _annotation(msg: pgoutput.LogicalMessage, lsn: int) -> str | None:
+        text, refused = annotations.parse(msg.content)
+        if refused is not None:  # the content is the application's: its reason is logged, never the content
+            log.warning("drain: ignored the annotation of the transaction committing at %X/%X (%d bytes): %s",
+                        lsn >> 32, lsn & 0xFFFFFFFF, len(msg.content), refused)
+        return text
 
     @staticmethod
     def _emit(source: psycopg.Connection, prefix: str, content: str) -> int:

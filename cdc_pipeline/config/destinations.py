@@ -23,6 +23,7 @@ SINK_TYPES: dict[str, str] = {
     "rabbitmq": "cdc_pipeline.sinks.rabbitmq:RabbitMQDestination",
     "parquet": "cdc_pipeline.sinks.parquet:ParquetDestination",
     "http_pull": "cdc_pipeline.sinks.http_pull:HttpPullDestination",
+    "kafka": "cdc_pipeline.sinks.kafka:KafkaDestination",
 }
 DESTINATION_TYPES: tuple[str, ...] = tuple(SINK_TYPES)
 

@@ -25,6 +25,14 @@ def _quoted(column: pa.ChunkedArray | pa.Array) -> pa.Array:
     return pc.fill_null(pc.take(literals, encoded.indices), "null")
 
 
+def _annotations(batch: pa.Table) -> list[pa.Array]:
+    """``,"annotations":{...}`` where the change has an annotation, else nothing (spark_stage._metadata_json)."""
+    if "annotations" not in batch.column_names:
+        return []
+    # A null annotation makes the joined element null, which becomes "".
+    return [pc.fill_null(pc.binary_join_element_wise(',"annotations":', batch.column("annotations"), ""), "")]
+
+
 def _payloads(sink_name: str, batch: pa.Table, texts: bool = False) -> pa.Array:
     """Each row's message JSON (the Spark stage's bytes)."""
     lsn = pc.cast(batch.column("commit_lsn"), pa.string())
@@ -42,7 +50,7 @@ def _payloads(sink_name: str, batch: pa.Table, texts: bool = False) -> pa.Array:
         ',"commit_timestamp":"', stamp,
         'Z","commit_lsn":', lsn, ',"commit_idx":', idx,
         ',"idempotency_key":"', key, '","consumer":', consumer,
-        ',"backfill_id":', _quoted(batch.column("backfill_id")), "}",
+        ',"backfill_id":', _quoted(batch.column("backfill_id")), *_annotations(batch), "}",
         *([',"texts":', pc.fill_null(batch.column("texts"), "null")] if texts else []), "}",
     ]
     n = batch.num_rows

@@ -130,13 +130,24 @@ def _metadata(sink_name: str) -> Column:
     )
 
 
-def _raw_payload(record: str, changes: str, metadata: Column, texts: bool = False) -> Column:
+def _metadata_json(metadata: Column, annotated: bool) -> Column:
+    """The metadata object's JSON; a change with a transaction annotation (capture/annotations.py) has it
+    spliced in as the JSON the log holds, as the last key ``annotations``; others have no such key."""
+    text = F.to_json(metadata, _JSON_OPTIONS)
+    if not annotated:
+        return text
+    extra = F.coalesce(F.concat(F.lit(',"annotations":'), F.col("annotations")), F.lit(""))
+    return F.concat(text.substr(F.lit(1), F.length(text) - 1), extra, F.lit("}"))
+
+
+def _raw_payload(record: str, changes: str, metadata: Column, texts: bool = False,
+                 annotated: bool = True) -> Column:
     # The record is spliced in as the exact JSON the log holds: no numeric precision is lost.
     return F.concat(
         F.lit('{"record":'), F.coalesce(F.col(record), F.lit("null")),
         F.lit(',"changes":'), F.coalesce(F.col(changes), F.lit("null")),
         F.lit(',"action":"'), F.col("action"),
-        F.lit('","metadata":'), F.to_json(metadata, _JSON_OPTIONS),
+        F.lit('","metadata":'), _metadata_json(metadata, annotated),
         *([F.lit(',"texts":'), F.coalesce(F.col("texts"), F.lit("null"))] if texts else []), F.lit("}"),
     )
 
@@ -187,7 +198,8 @@ def run_stage(spark: SparkSession, plan: SinkPlan, batch: pa.Table,
                   | ((F.col("action") == "truncate") & F.lit(takes_truncate(sink))))
     if not plan.needs_record:
         out = df.select("commit_lsn", "commit_idx", _default_group(plan, None).alias("group_key"),
-                        F.lit(None).cast("string").alias("route"), _raw_payload("record", "changes", _metadata(sink.name), takes_texts(sink)).alias("payload"))
+                        F.lit(None).cast("string").alias("route"), _raw_payload("record", "changes", _metadata(sink.name), takes_texts(sink),
+                                     "annotations" in df.columns).alias("payload"))
         return _sorted(out.toArrow())
     parts: list[DataFrame] = []
     tables = sorted({f"{s}.{t}" for s, t in zip(batch.column("table_schema").to_pylist(),
@@ -211,7 +223,8 @@ def run_stage(spark: SparkSession, plan: SinkPlan, batch: pa.Table,
             visible = [c for c in part.columns if c not in HIDDEN_COLUMNS]
             payload = F.to_json(F.struct(*visible), _JSON_OPTIONS)
         else:
-            payload = _raw_payload("record_json", "changes_json", F.col("metadata"), takes_texts(sink))
+            payload = _raw_payload("record_json", "changes_json", F.col("metadata"), takes_texts(sink),
+                                   "annotations" in part.columns)
         parts.append(part.select("commit_lsn", "commit_idx", "group_key", "route", payload.alias("payload")))
     if not parts:
         return empty_output()
@@ -223,7 +236,7 @@ def run_stage(spark: SparkSession, plan: SinkPlan, batch: pa.Table,
 
 # Columns a python transform's result carries for delivery, not for the message body.
 HIDDEN_COLUMNS = {"commit_lsn", "commit_idx", "group_key", "route", "record_json", "changes_json", "xid", "pk",
-           "table_schema", "table_name", "commit_ts", "backfill_id", "texts"}
+           "table_schema", "table_name", "commit_ts", "backfill_id", "texts", "annotations"}
 _OUTPUT_TYPES = {"commit_lsn": pa.int64(), "commit_idx": pa.int32(), "group_key": pa.string(),
                  "route": pa.string(), "payload": pa.string()}
 

@@ -213,6 +213,11 @@ MIGRATIONS: list[str] = [
     ALTER TABLE {s}.change_log ADD COLUMN IF NOT EXISTS texts jsonb;
     ALTER TABLE {s}.backfill_rows ADD COLUMN IF NOT EXISTS texts jsonb;
     """,
+    # 9: a transaction's annotation (capture/annotations.py) on each of its changes logged after it; NULL
+    # for most rows and for every backfill read.
+    """
+    ALTER TABLE {s}.change_log ADD COLUMN IF NOT EXISTS annotations jsonb;
+    """,
 ]
 
 

@@ -23,13 +23,15 @@ LOG_ARROW_SCHEMA = pa.schema([
     ("pk", pa.string()), ("record", pa.string()), ("changes", pa.string()),
     ("commit_ts", pa.timestamp("us", tz="UTC")), ("backfill_id", pa.string()),
     ("texts", pa.string()),  # values' texts for a mirror (postgres/pgtypeinfo.py: TextRule), mostly null
+    ("annotations", pa.string()),  # the transaction's annotation (capture/annotations.py), mostly null
 ])
 # With the typed row of a read (state/typed_rows.py) for sinks that take it as it is.
 LOG_ARROW_SCHEMA_TYPED = LOG_ARROW_SCHEMA.append(pa.field("tup", pa.string()))
 # commit_ts travels as microseconds since the epoch: a plain integer for the CSV reader. A typed read's
 # record is made from its typed row here, for every consumer that did not ask for typed rows.
 _COLUMNS = ("SELECT commit_lsn, commit_idx, xid, table_schema, table_name, action, pk, {record}, "
-            "changes::text, (extract(epoch FROM commit_ts) * 1000000)::bigint, backfill_id, texts::text{tup} "
+            "changes::text, (extract(epoch FROM commit_ts) * 1000000)::bigint, backfill_id, texts::text, "
+            "annotations::text{tup} "
             "FROM {{0}}.change_log ")
 _SELECT = _COLUMNS.format(
     record="CASE WHEN tup IS NULL THEN record::text ELSE {0}.typed_record(backfill_id, tup)::text END", tup="")

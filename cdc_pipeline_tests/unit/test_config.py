@@ -535,10 +535,10 @@ def test_missing_required_keys() -> None:
 
 
 def test_unknown_destination_type() -> None:
-    message = config_error(with_sink("{type: kafka, url: x}"))
+    message = config_error(with_sink("{type: pulsar, url: x}"))
     assert message == (
         "cdc.yaml: sinks[0].destination.type: must be one of 'postgres', 'webhook', 'redis_stream', "
-        "'nats', 'rabbitmq', 'parquet', 'http_pull' (got 'kafka')"
+        "'nats', 'rabbitmq', 'parquet', 'http_pull', 'kafka' (got 'pulsar')"
     )
 
 

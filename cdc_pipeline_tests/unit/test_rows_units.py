@@ -19,6 +19,7 @@ def log_batch(entries: list[tuple[str, str | None, str | None]]) -> pa.Table:
         "table_schema": ["public"] * n, "table_name": ["t"] * n, "action": [e[0] for e in entries],
         "pk": [e[1] for e in entries], "record": [e[2] for e in entries], "changes": ['{"v": 0}'] * n,
         "commit_ts": [datetime(2026, 1, 1, tzinfo=UTC)] * n, "backfill_id": [None] * n, "texts": [None] * n,
+        "annotations": [None] * n,
     }, schema=LOG_ARROW_SCHEMA)
 
 

@@ -77,7 +77,7 @@ config = parse_config(base + "  - {name: e, tables: [t], destination: {type: ech
 with build_sink(config.sink("e")) as sink:
     results = sink.deliver([OutboundMessage("k1", None, None, b"{}"), OutboundMessage("k2", "g", None, b"{}")])
 errors = []
-for bad in ("{type: echo}", "{type: kafka}", "{prefix: x}"):
+for bad in ("{type: echo}", "{type: pulsar}", "{prefix: x}"):
     try:
         parse_config(base + "  - {name: e, tables: [t], destination: " + bad + "}\\n", "cdc.yaml")
     except ConfigError as exc:
@@ -113,9 +113,9 @@ def test_a_new_sink_type_is_one_package_and_one_registry_line(tmp_path: Path) ->
     assert got["errors"][0] == "cdc.yaml: sinks[0].destination.prefix: required key is missing"
     assert got["errors"][1].endswith(
         "sinks[0].destination.type: must be one of 'postgres', 'webhook', 'redis_stream', 'nats', 'rabbitmq', "
-        "'parquet', 'http_pull', 'echo' (got 'kafka')")
+        "'parquet', 'http_pull', 'echo', 'kafka' (got 'pulsar')")
     assert got["errors"][2].endswith("sinks[0].destination.type: required key is missing (one of 'postgres', 'webhook', "
-                                     "'redis_stream', 'nats', 'rabbitmq', 'parquet', 'http_pull', 'echo')")
+                                     "'redis_stream', 'nats', 'rabbitmq', 'parquet', 'http_pull', 'echo', 'kafka')")
 
 
 def test_registry_lines_name_matching_models_and_builders() -> None:
