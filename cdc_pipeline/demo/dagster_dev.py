@@ -21,7 +21,7 @@ from typing import IO, Any
 
 from psycopg import conninfo
 
-PROJECT = Path(__file__).resolve().parents[1]
+PROJECT = Path(__file__).resolve().parents[2]  # the checkout: workspace.yaml, dagster.yaml
 LOCATION = "cdc_pipeline"
 
 
