@@ -61,11 +61,13 @@ def check(config: PipelineConfig, sinks: bool = True) -> list[Finding]:
         out.append(Finding("ok", "source", "ready for change data capture"
                            + (" once `cdc-pipeline setup` has created what is listed above" if todo else "")))
     if sinks:
+        from cdc_pipeline.delivery.enrichment import check_enrichment
         from cdc_pipeline.delivery.validate import validate_sinks  # imports pyspark: only when asked
         from cdc_pipeline.sink_grants import postgres_sink_findings
 
         out += postgres_sink_findings(config)
         out += validate_sinks(config, described)
+        out += check_enrichment(config.sinks, config.source.dsn, described)
     return out
 
 

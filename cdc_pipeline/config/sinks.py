@@ -30,6 +30,29 @@ class BackoffConfig(StrictModel):
 Action = Literal["insert", "update", "delete"]
 
 
+class EnrichmentConfig(StrictModel):
+    """One query per batch against the source (delivery/enrichment.py): `$1`, `$2`, ... are arrays of the
+    batch's primary key values of `table`, one per key column; it must select those key columns."""
+
+    table: str
+    sql: str = Field(min_length=1)
+    statement_timeout_ms: int = Field(default=5000, gt=0)
+
+    @field_validator("table")
+    @classmethod
+    def _qualify(cls, value: str) -> str:
+        return qualify(value)
+
+    @field_validator("sql")
+    @classmethod
+    def _check_sql(cls, value: str) -> str:
+        if "$1" not in value:
+            raise ValueError("must use $1 (the array of the batch's primary key values), e.g. "
+                             "SELECT o.id, c.name FROM orders o JOIN customers c ON c.id = o.customer_id "
+                             "WHERE o.id = ANY($1)")
+        return value
+
+
 class SinkConfig(StrictModel):
     name: Name
     tables: list[str] = Field(min_length=1)
@@ -46,6 +69,7 @@ class SinkConfig(StrictModel):
     # changes: every change with `action` and `changes` (the default).
     stream: Literal["changes", "rows"] = "changes"
     deletes: bool = False  # rows only: send `{"record": <old key>, "deleted": true}` for a deleted row
+    enrichment: EnrichmentConfig | None = None  # columns from other tables, in metadata.enrichment
     destination: Destination
 
     @field_validator("tables")
@@ -107,3 +131,10 @@ class SinkConfig(StrictModel):
             f"(got {kind_of(value)})"
         )
 
+
+    @model_validator(mode="after")
+    def _check_enrichment(self) -> "SinkConfig":
+        if self.enrichment is not None and self.enrichment.table not in self.tables:
+            fail((("enrichment", "table"), f"must be one of the sink's tables ({', '.join(self.tables)}) "
+                  f"(got {self.enrichment.table!r})"))
+        return self

@@ -27,6 +27,7 @@ from cdc_pipeline.config import PipelineConfig, SinkConfig
 from cdc_pipeline.delivery import backlog
 from cdc_pipeline.delivery.backoff import next_delay_ms
 from cdc_pipeline.delivery.dispatch import deliver_in_order
+from cdc_pipeline.delivery.enrichment import Enricher
 from cdc_pipeline.delivery.ordering import position_of, split_held
 from cdc_pipeline.delivery.outage import DestinationDown, Liveness, all_down, transient
 from cdc_pipeline.delivery.parking import Parking, messages_from
@@ -91,7 +92,9 @@ class Deliverer(Staging, Parking, Relaying):
         # Typed reads go to the sink as typed rows only on the Arrow path of a sink that writes them as they
         # are; everything else loads them as JSON (backfill/typed.py).
         self.typed_rows = bool(not dry_run and not self.plan.needs_record and sink_config.stream == "changes"
-                               and getattr(self.sink, "takes_typed_rows", False))
+                               and sink_config.enrichment is None and getattr(self.sink, "takes_typed_rows", False))
+        self.enricher = (Enricher(config.source.dsn, sink_config.enrichment, self._key_columns)
+                         if sink_config.enrichment else None)  # enrichment.py
         self._stop = threading.Event()
         self._keys: dict[str, tuple[str, ...]] = {}  # row streams: primary key columns per table
         self._resyncs: list[threading.Thread] = []  # backfills re-syncing a row stream (backlog.py)
@@ -192,6 +195,8 @@ class Deliverer(Staging, Parking, Relaying):
             finally:
                 if self.sink is not None:
                     self.sink.close()
+                if self.enricher is not None:
+                    self.enricher.close()
 
     def _table_info(self, conn: psycopg.Connection, table: str) -> TableInfo | None:
         """A source table's description, for the sink (its errors are the state database's)."""
@@ -314,6 +319,8 @@ class Deliverer(Staging, Parking, Relaying):
         if batch.num_rows == 0:
             return Staged(batch, offset, empty_output(), [])
         last: Position = (batch.column("commit_lsn")[-1].as_py(), batch.column("commit_idx")[-1].as_py())
+        if self.enricher is not None:
+            batch = self.enricher.enrich(batch)
         out, stage_failed = self._stage(batch, schemas)
         return Staged(batch, last, out, stage_failed, shapes)
 
