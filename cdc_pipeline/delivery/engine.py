@@ -319,8 +319,6 @@ class Deliverer(Staging, Parking, Relaying):
         if batch.num_rows == 0:
             return Staged(batch, offset, empty_output(), [])
         last: Position = (batch.column("commit_lsn")[-1].as_py(), batch.column("commit_idx")[-1].as_py())
-        if self.enricher is not None:
-            batch = self.enricher.enrich(batch)
         out, stage_failed = self._stage(batch, schemas)
         return Staged(batch, last, out, stage_failed, shapes)
 

@@ -127,3 +127,27 @@ def test_broken_query_is_an_outage_and_check_reports_it(
     enrichments = [json.loads(r["value"])["metadata"].get("enrichment") for r in kafka.records("orders", 11)]
     assert sorted(e["id"] for e in enrichments if e) == list(range(1, 11))
     assert {e["customer_name"] for e in enrichments if e} == {"Ada"}
+
+
+def test_composite_keys_pass_one_array_per_key_column(
+        source_db: Database, write_config: Callable[..., PipelineConfig], spark: Any) -> None:
+    source_db.execute("CREATE TABLE customers (id int PRIMARY KEY, name text)")
+    source_db.execute("CREATE TABLE orders (region text, n int, customer_id int, PRIMARY KEY (region, n))")
+    sql = ("SELECT o.region, o.n, c.name FROM public.orders o JOIN public.customers c ON c.id = o.customer_id "
+           "WHERE (o.region, o.n) IN (SELECT * FROM unnest($1::text[], $2::int[]))")
+    config = make_config(source_db, write_config, "127.0.0.1:1", sql=sql)
+    assert [f.level for f in check(config) if "enrichment" in f.subject] == ["ok"]
+    setup(config)
+    source_db.execute("INSERT INTO customers VALUES (1, 'Ada'), (2, 'Bob')")
+    source_db.execute("""INSERT INTO orders VALUES ('e"u\\\\', 1, 1), ('e"u\\\\', 2, 2), ('us', 1, 2), ('{x,y}', 3, 9)""")
+    drain(config)
+    with psycopg.connect(config.state_dsn) as conn:
+        batch = Store("cdc_pipeline").load_batch(conn, ["public.orders", "public.customers"], (0, -1), 1000)
+    deliverer = Deliverer(config, config.sink("orders"), spark, sink=object())  # type: ignore[arg-type]
+    out = run_arrow_stage(deliverer.plan, deliverer.enricher.enrich(batch))
+    got = {tuple(m["record"][k] for k in ("region", "n")): m["metadata"]["enrichment"]
+           for m in map(json.loads, out.column("payload").to_pylist()) if m["metadata"]["table_name"] == "orders"}
+    assert got == {('e"u\\\\', 1): {"region": 'e"u\\\\', "n": 1, "name": "Ada"},
+                   ('e"u\\\\', 2): {"region": 'e"u\\\\', "n": 2, "name": "Bob"},
+                   ("us", 1): {"region": "us", "n": 1, "name": "Bob"}, ("{x,y}", 3): None}
+    deliverer.enricher.close()
