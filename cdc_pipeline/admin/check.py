@@ -62,12 +62,14 @@ def check(config: PipelineConfig, sinks: bool = True) -> list[Finding]:
         out.append(Finding("ok", "source", "ready for change data capture"
                            + (" once `cdc-pipeline setup` has created what is listed above" if todo else "")))
     if sinks:
+        from cdc_pipeline.delivery.enrichment import check_enrichment
         from cdc_pipeline.delivery.validate import validate_sinks  # imports pyspark: only when asked
         from cdc_pipeline.sinks import sink_class
 
         for sink in config.sinks:  # what each sink's own destination lacks (a role's grants, say)
             out += sink_class(sink).check_findings(sink)
         out += validate_sinks(config, described)
+        out += check_enrichment(config.sinks, config.source.dsn, described)
     return out
 
 

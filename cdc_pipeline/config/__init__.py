@@ -24,7 +24,7 @@ from cdc_pipeline.config.models import (
     SparkConfig,
     StateConfig,
 )
-from cdc_pipeline.config.sinks import BackoffConfig, SinkConfig
+from cdc_pipeline.config.sinks import BackoffConfig, EnrichmentConfig, SinkConfig
 from cdc_pipeline.config.tables import PartitionsConfig, TableConfig
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "ApiSourceConfig",
     "BackfillConfig",
     "BackoffConfig",
+    "EnrichmentConfig",
     "ConfigError",
     "DeliveryConfig",
     "DESTINATION_MODELS",

@@ -32,6 +32,31 @@ class BackoffConfig(StrictModel):
 Action = Literal["insert", "update", "delete"]
 
 
+class EnrichmentConfig(StrictModel):
+    """One query per batch against the source (delivery/enrichment.py): `$1`, `$2`, ... are arrays of the
+    batch's primary key values of `table`, one per key column; it must select those key columns."""
+
+    table: str = Field(description="The sink's table whose key values the query receives (`schema.table`).")
+    sql: str = Field(min_length=1, description="The query: `$1`, `$2`, ... are arrays of the batch's key values; "
+                     "it selects the key columns and the columns to add.")
+    statement_timeout_ms: int = Field(default=5000, gt=0, description="Time limit of the query; a failure is an "
+                                      "outage of the source (waited for).")
+
+    @field_validator("table")
+    @classmethod
+    def _qualify(cls, value: str) -> str:
+        return qualify(value)
+
+    @field_validator("sql")
+    @classmethod
+    def _check_sql(cls, value: str) -> str:
+        if "$1" not in value:
+            raise ValueError("must use $1 (the array of the batch's primary key values), e.g. "
+                             "SELECT o.id, c.name FROM orders o JOIN customers c ON c.id = o.customer_id "
+                             "WHERE o.id = ANY($1)")
+        return value
+
+
 class SinkConfig(StrictModel):
     name: Name = Field(description="The sink's name (1-63 letters, digits, `_`, `-`): names its offset, locks, "
                        "Dagster asset `sink/<name>` and job `deliver_<name>`.")
@@ -59,6 +84,9 @@ class SinkConfig(StrictModel):
                                                "changed row, coalesced per batch.")
     deletes: bool = Field(default=False, description="Row streams only: send `{\"record\": <key>, \"deleted\": "
                           "true}` for a deleted row.")
+    enrichment: EnrichmentConfig | None = Field(default=None, description="Columns from other tables of the "
+                                                "source, joined into each message's `metadata.enrichment`: one "
+                                                "query per batch.")
     destination: Destination = Field(description="Where it sends: one of the destination types below, chosen by "
                                      "`type`.")
 
@@ -121,3 +149,10 @@ class SinkConfig(StrictModel):
             f"(got {kind_of(value)})"
         )
 
+
+    @model_validator(mode="after")
+    def _check_enrichment(self) -> "SinkConfig":
+        if self.enrichment is not None and self.enrichment.table not in self.tables:
+            fail((("enrichment", "table"), f"must be one of the sink's tables ({', '.join(self.tables)}) "
+                  f"(got {self.enrichment.table!r})"))
+        return self

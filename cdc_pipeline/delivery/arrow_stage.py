@@ -14,7 +14,13 @@ import json
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cdc_pipeline.delivery.spark_stage import SinkPlan, consumer_id, takes_texts, takes_truncate
+from cdc_pipeline.delivery.spark_stage import (
+    METADATA_TAIL,
+    SinkPlan,
+    consumer_id,
+    takes_texts,
+    takes_truncate,
+)
 
 
 def _quoted(column: pa.ChunkedArray | pa.Array) -> pa.Array:
@@ -25,12 +31,12 @@ def _quoted(column: pa.ChunkedArray | pa.Array) -> pa.Array:
     return pc.fill_null(pc.take(literals, encoded.indices), "null")
 
 
-def _annotations(batch: pa.Table) -> list[pa.Array]:
-    """``,"annotations":{...}`` where the change has an annotation, else nothing (spark_stage._metadata_json)."""
-    if "annotations" not in batch.column_names:
-        return []
-    # A null annotation makes the joined element null, which becomes "".
-    return [pc.fill_null(pc.binary_join_element_wise(',"annotations":', batch.column("annotations"), ""), "")]
+def _metadata_tail(batch: pa.Table) -> list[pa.Array]:
+    """``,"annotations":{...}`` and ``,"enrichment":...`` where the row has them, else nothing
+    (spark_stage._metadata_json)."""
+    # A null value makes the joined element null, which becomes "".
+    return [pc.fill_null(pc.binary_join_element_wise(f',"{name}":', batch.column(name), ""), "")
+            for name in METADATA_TAIL if name in batch.column_names]
 
 
 def _payloads(sink_name: str, batch: pa.Table, texts: bool = False) -> pa.Array:
@@ -50,7 +56,7 @@ def _payloads(sink_name: str, batch: pa.Table, texts: bool = False) -> pa.Array:
         ',"commit_timestamp":"', stamp,
         'Z","commit_lsn":', lsn, ',"commit_idx":', idx,
         ',"idempotency_key":"', key, '","consumer":', consumer,
-        ',"backfill_id":', _quoted(batch.column("backfill_id")), *_annotations(batch), "}",
+        ',"backfill_id":', _quoted(batch.column("backfill_id")), *_metadata_tail(batch), "}",
         *([',"texts":', pc.fill_null(batch.column("texts"), "null")] if texts else []), "}",
     ]
     n = batch.num_rows

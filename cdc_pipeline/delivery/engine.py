@@ -28,6 +28,7 @@ from cdc_pipeline.config import PipelineConfig, SinkConfig
 from cdc_pipeline.core.backoff import next_delay_ms
 from cdc_pipeline.delivery import backlog
 from cdc_pipeline.delivery.dispatch import deliver_in_order
+from cdc_pipeline.delivery.enrichment import Enricher
 from cdc_pipeline.delivery.lazy_spark import LazySpark
 from cdc_pipeline.delivery.ordering import position_of, split_held
 from cdc_pipeline.delivery.outage import DestinationDown, Liveness, all_down, transient
@@ -93,7 +94,10 @@ class Deliverer(Staging, Parking, Relaying):
         self.batch_size = sink_config.batch_size or config.delivery.batch_size
         # Typed reads go to the sink as typed rows only on the Arrow path of a sink that writes them as they
         # are; everything else loads them as JSON (backfill/typed.py).
-        self.typed_rows = self.sink is not None and takes_typed(config, sink_config, type(self.sink))
+        self.typed_rows = (self.sink is not None and sink_config.enrichment is None
+                           and takes_typed(config, sink_config, type(self.sink)))
+        self.enricher = (Enricher(config.source.dsn, sink_config.enrichment, self._key_columns)
+                         if sink_config.enrichment else None)  # enrichment.py
         self._stop = threading.Event()
         self._keys: dict[str, tuple[str, ...]] = {}  # row streams: primary key columns per table
         self._resyncs: list[threading.Thread] = []  # backfills re-syncing a row stream (backlog.py)
@@ -196,6 +200,8 @@ class Deliverer(Staging, Parking, Relaying):
             finally:
                 if self.sink is not None:
                     self.sink.close()
+                if self.enricher is not None:
+                    self.enricher.close()
 
     def _table_info(self, conn: psycopg.Connection, table: str) -> TableInfo | None:
         """A source table's description, for the sink (its errors are the state database's)."""

@@ -25,6 +25,8 @@ from cdc_pipeline.postgres.oids import ARRAY_ELEMENT, OID
 from cdc_pipeline.sinks import sink_class
 
 OUTPUT_COLUMNS = ("commit_lsn", "commit_idx", "group_key", "route", "payload")
+# Log batch columns of JSON text spliced into a message's metadata as its last keys, where not null.
+METADATA_TAIL = ("annotations", "enrichment")
 # A null field stays in the message as null (Spark's to_json drops null fields by default).
 _JSON_OPTIONS = {"ignoreNullFields": "false"}
 CHANGE_ACTIONS = ("insert", "update", "delete")
@@ -130,24 +132,26 @@ def _metadata(sink_name: str) -> Column:
     )
 
 
-def _metadata_json(metadata: Column, annotated: bool) -> Column:
-    """The metadata object's JSON; a change with a transaction annotation (capture/annotations.py) has it
-    spliced in as the JSON the log holds, as the last key ``annotations``; others have no such key."""
+def _metadata_json(metadata: Column, columns: Sequence[str]) -> Column:
+    """The metadata object's JSON, with the JSON text of the METADATA_TAIL columns the batch has spliced in as
+    its last keys where the row has a value (a transaction annotation, capture/annotations.py; an enrichment,
+    delivery/enrichment.py); rows without one have no such key."""
     text = F.to_json(metadata, _JSON_OPTIONS)
-    if not annotated:
+    extras = [F.coalesce(F.concat(F.lit(f',"{name}":'), F.col(name)), F.lit("")) for name in METADATA_TAIL
+              if name in columns]
+    if not extras:
         return text
-    extra = F.coalesce(F.concat(F.lit(',"annotations":'), F.col("annotations")), F.lit(""))
-    return F.concat(text.substr(F.lit(1), F.length(text) - 1), extra, F.lit("}"))
+    return F.concat(text.substr(F.lit(1), F.length(text) - 1), *extras, F.lit("}"))
 
 
 def _raw_payload(record: str, changes: str, metadata: Column, texts: bool = False,
-                 annotated: bool = True) -> Column:
+                 columns: Sequence[str] = ()) -> Column:
     # The record is spliced in as the exact JSON the log holds: no numeric precision is lost.
     return F.concat(
         F.lit('{"record":'), F.coalesce(F.col(record), F.lit("null")),
         F.lit(',"changes":'), F.coalesce(F.col(changes), F.lit("null")),
         F.lit(',"action":"'), F.col("action"),
-        F.lit('","metadata":'), _metadata_json(metadata, annotated),
+        F.lit('","metadata":'), _metadata_json(metadata, columns),
         *([F.lit(',"texts":'), F.coalesce(F.col("texts"), F.lit("null"))] if texts else []), F.lit("}"),
     )
 
@@ -199,7 +203,7 @@ def run_stage(spark: SparkSession, plan: SinkPlan, batch: pa.Table,
     if not plan.needs_record:
         out = df.select("commit_lsn", "commit_idx", _default_group(plan, None).alias("group_key"),
                         F.lit(None).cast("string").alias("route"), _raw_payload("record", "changes", _metadata(sink.name), takes_texts(sink),
-                                     "annotations" in df.columns).alias("payload"))
+                                     df.columns).alias("payload"))
         return _sorted(out.toArrow())
     parts: list[DataFrame] = []
     tables = sorted({f"{s}.{t}" for s, t in zip(batch.column("table_schema").to_pylist(),
@@ -224,7 +228,7 @@ def run_stage(spark: SparkSession, plan: SinkPlan, batch: pa.Table,
             payload = F.to_json(F.struct(*visible), _JSON_OPTIONS)
         else:
             payload = _raw_payload("record_json", "changes_json", F.col("metadata"), takes_texts(sink),
-                                   "annotations" in part.columns)
+                                   part.columns)
         parts.append(part.select("commit_lsn", "commit_idx", "group_key", "route", payload.alias("payload")))
     if not parts:
         return empty_output()
@@ -236,7 +240,7 @@ def run_stage(spark: SparkSession, plan: SinkPlan, batch: pa.Table,
 
 # Columns a python transform's result carries for delivery, not for the message body.
 HIDDEN_COLUMNS = {"commit_lsn", "commit_idx", "group_key", "route", "record_json", "changes_json", "xid", "pk",
-           "table_schema", "table_name", "commit_ts", "backfill_id", "texts", "annotations"}
+           "table_schema", "table_name", "commit_ts", "backfill_id", "texts", "annotations", "enrichment"}
 _OUTPUT_TYPES = {"commit_lsn": pa.int64(), "commit_idx": pa.int32(), "group_key": pa.string(),
                  "route": pa.string(), "payload": pa.string()}
 

@@ -14,6 +14,7 @@ from cdc_pipeline.config import SinkConfig
 from cdc_pipeline.core.positions import Position
 from cdc_pipeline.delivery import rows
 from cdc_pipeline.delivery.arrow_stage import run_arrow_stage
+from cdc_pipeline.delivery.enrichment import Enricher
 from cdc_pipeline.delivery.spark_stage import SinkPlan, empty_output, group_keys, run_stage
 
 log = logging.getLogger("cdc_pipeline.delivery.engine")
@@ -38,9 +39,12 @@ class Staging:
     plan: SinkPlan
     sink_config: SinkConfig
     _key_columns: Callable[[str], tuple[str, ...]]  # the Deliverer's: a table's primary key columns
+    enricher: Enricher | None  # the sink's enrichment query (enrichment.py)
 
     def _stage(self, batch: pa.Table, schemas: dict[str, list[dict[str, object]]]
                ) -> tuple[pa.Table, list[StageFailure]]:
+        if self.enricher is not None and batch.num_rows:  # every path: live, parked retries, replays
+            batch = self.enricher.enrich(batch)
         if self.sink_config.stream != "rows":
             return self._stage_changes(batch, schemas)
         batch = rows.coalesce(batch, self.sink_config.deletes)  # rows.py: row streams, any sink type

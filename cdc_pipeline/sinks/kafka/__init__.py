@@ -74,3 +74,10 @@ def build(sink_config: SinkConfigLike, environ: Mapping[str, str]) -> Sink:
     from cdc_pipeline.sinks.kafka.client import KafkaSink
 
     return KafkaSink(sink_config, environ)
+
+
+def sink_class() -> type[Sink]:
+    """Its `Sink` class, whose capabilities delivery, `status`, `check` and Dagster ask (imports the client)."""
+    from cdc_pipeline.sinks.kafka.client import KafkaSink
+
+    return KafkaSink
