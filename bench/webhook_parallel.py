@@ -133,7 +133,6 @@ def _call(base: str, method: str, path: str) -> dict[str, Any]:
 
 def load_source(dsn: str, groups: int) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("CREATE TABLE items (id bigint PRIMARY KEY, ver int NOT NULL, note text NOT NULL)")
         conn.execute("INSERT INTO items SELECT g, 0, 'v' FROM generate_series(1, %s) g", (groups,))
         conn.execute("UPDATE items SET ver = 1")
         conn.execute("UPDATE items SET ver = 2")
@@ -158,6 +157,8 @@ def end_to_end(args: argparse.Namespace, base: str) -> list[tuple[str, ...]]:
         cfg = write_config(work / "cdc.yaml", {
             "source": {"dsn": src, "slot": "bench", "publication": "bench"},
             "tables": [{"name": "public.items"}], "sinks": sinks})
+        with psycopg.connect(src, autocommit=True) as conn:
+            conn.execute("CREATE TABLE items (id bigint PRIMARY KEY, ver int NOT NULL, note text NOT NULL)")
         run_cli(cfg, "setup")
         load_source(src, args.groups)
         run_cli(cfg, "drain", "--until-idle")

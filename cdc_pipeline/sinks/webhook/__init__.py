@@ -14,6 +14,8 @@ from cdc_pipeline.config.base import ENV_NAME_RE, HEADER_NAME_RE, StrictModel, s
 from cdc_pipeline.config.errors import Loc, fail
 from cdc_pipeline.sinks.base import Sink, SinkConfigLike
 
+MAX_IN_FLIGHT = 100  # requests outstanding at once by default: 5,000 requests/s at 20 ms each
+
 
 class WebhookDestination(StrictModel):
     type: Literal["webhook"] = "webhook"
@@ -23,6 +25,8 @@ class WebhookDestination(StrictModel):
     hmac_secret_env: str | None = None  # NAME of an environment variable holding the secret
     signature_header: str = "X-CDC-Signature"
     batch_size: int = Field(default=1000, gt=0)
+    # Requests outstanding at once (a sliding window; a group's next request waits for its previous one).
+    max_in_flight: int = Field(default=MAX_IN_FLIGHT, gt=0, le=10000)
 
     @field_validator("headers", mode="before")
     @classmethod
