@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import TYPE_CHECKING, cast
 
 import click
 
 from cdc_pipeline.cli.common import Verb, config_option, examples, load, stop_on_signals, until_options
 from cdc_pipeline.config import ConfigError
 from cdc_pipeline.postgres import session
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 
 @click.command(cls=Verb, short_help="deliver the change log to sinks", epilog=examples(
@@ -27,13 +31,13 @@ def deliver(ctx: click.Context, sink: str | None, until_idle: bool, seconds: flo
     """Deliver the change log to sinks through Spark (filter, transform, route), in commit order per
     group; failed messages are parked and retried. A dry run prints what is waiting now and stops."""
     from cdc_pipeline.delivery.engine import Deliverer
-    from cdc_pipeline.delivery.spark_stage import spark_session
+    from cdc_pipeline.delivery.spark_stage import LazySpark
 
     config = load(ctx)
     sinks = [config.sink(sink)] if sink else list(config.sinks)
     if not sinks:
         raise ConfigError(f"{config.path}: no sinks configured")
-    spark = spark_session(config.spark)
+    spark = cast("SparkSession", LazySpark(config.spark))  # started only if a stage needs it
     out = open(output, "w") if output else sys.stdout  # noqa: SIM115 - closed below
     try:
         for one in sinks:

@@ -11,9 +11,11 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import threading
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -68,6 +70,24 @@ def spark_session(config: SparkConfig) -> SparkSession:
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+class LazySpark:
+    """A SparkSession started on first use: a sink whose stage needs nothing from Spark (arrow_stage.py)
+    never pays the JVM's start-up (seconds, tens of them on a loaded machine) in `deliver`."""
+
+    def __init__(self, config: SparkConfig) -> None:
+        self._config = config
+        self._session: SparkSession | None = None
+        self._lock = threading.Lock()
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        with self._lock:
+            if self._session is None:
+                self._session = spark_session(self._config)
+        return getattr(self._session, name)
 
 
 def consumer_id(sink_name: str) -> str:
