@@ -26,7 +26,8 @@ async def send_window(chunks: Sequence[Sequence[int]], groups: Sequence[str | No
 
     async def one(chunk: Sequence[int], own: set[str], before: list[asyncio.Task[None]]) -> None:
         for task in before:
-            await asyncio.wait((task,))  # its outcome is in `stalled`; its exception is its own task's
+            if not task.done():
+                await asyncio.wait((task,))  # its outcome is in `stalled`; its exception is its own task's
         if halted() or not stalled.isdisjoint(own):
             stalled.update(own)
             skip(chunk)
