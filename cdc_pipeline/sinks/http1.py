@@ -68,7 +68,7 @@ class Http1Pool:
         until = loop.time() + deadline_s
         head = self._head(headers, len(body))
         for reused in (True, False):
-            conn = self._idle.pop() if reused and self._idle else None
+            conn = self._take() if reused else None
             if conn is None:
                 reused = False
                 try:
@@ -87,12 +87,12 @@ class Http1Pool:
             except TimeoutError:
                 conn.close()
                 raise DeadlineExceeded() from None
-            except _Stale:
+            except (_Stale, ConnectionError) as exc:
                 conn.close()
                 if reused:
                     continue  # the endpoint closed an idle connection: once more on a fresh one
                 raise TransportFailed("RemoteProtocolError: the endpoint closed the connection without "
-                                      "answering") from None
+                                      f"answering ({type(exc).__name__})") from None
             except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:
                 conn.close()
                 raise TransportFailed(f"{type(exc).__name__}: {exc}") from exc
@@ -105,6 +105,15 @@ class Http1Pool:
                 conn.close()
             return status, data
         raise AssertionError("unreachable")
+
+    def _take(self) -> _Conn | None:
+        """An idle connection the endpoint has not closed meanwhile."""
+        while self._idle:
+            conn = self._idle.pop()
+            if not conn.reader.at_eof() and not conn.writer.is_closing():
+                return conn
+            conn.close()
+        return None
 
     def _head(self, headers: dict[str, str], length: int) -> bytes:
         lines = [f"POST {self.target} HTTP/1.1", f"Host: {self.authority}", f"Content-Length: {length}"]

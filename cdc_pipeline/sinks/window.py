@@ -11,6 +11,7 @@ messages (group None) wait for nothing. Runs on the sink's event loop; the sendi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 
 
@@ -27,7 +28,8 @@ async def send_window(chunks: Sequence[Sequence[int]], groups: Sequence[str | No
     async def one(chunk: Sequence[int], own: set[str], before: list[asyncio.Task[None]]) -> None:
         for task in before:
             if not task.done():
-                await asyncio.wait((task,))  # its outcome is in `stalled`; its exception is its own task's
+                with contextlib.suppress(Exception):  # its outcome is in `stalled`; its error, its own
+                    await task
         if halted() or not stalled.isdisjoint(own):
             stalled.update(own)
             skip(chunk)

@@ -136,3 +136,28 @@ def test_an_outage_in_the_middle_of_a_full_window_reports_only_what_was_acknowle
     assert all(r is not None and "HTTP 503" in r for r in results if r is not None)
     assert len(counting.requests) < 400  # the window stopped once the endpoint answered 503
     acked_in_order(counting, batch)
+
+
+def test_an_endpoint_closing_idle_connections_and_answering_chunked_loses_nothing() -> None:
+    """The webhook's own HTTP/1.1 client (sinks/http1.py) against a raw server that answers keep-alive
+    style (chunked, no `Connection: close`) and then closes every connection: a reused connection found
+    closed is replaced, never a message failed; a chunked error body is read."""
+    from cdc_pipeline_tests.security.test_webhook_hostile import RawServer
+
+    holder: dict[str, RawServer] = {}
+    status = {"code": b"200 OK"}
+
+    def chunked_then_close(conn: object, head: bytes) -> None:
+        body = b'{"error":"nope"}' if status["code"] != b"200 OK" else b"{}"
+        holder["s"].send(conn, b"HTTP/1.1 " + status["code"] + b"\r\nTransfer-Encoding: chunked\r\n\r\n"  # type: ignore[arg-type]
+                         + b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
+
+    s = holder["s"] = RawServer(chunked_then_close)
+    try:
+        with webhook(f"http://127.0.0.1:{s.port}/h", batch_size=1, max_in_flight=4) as sink:
+            for start in range(0, 12, 4):  # later calls find the last call's connections closed
+                assert sink.deliver(messages(4, groups=0, start=start)) == [None] * 4
+            status["code"] = b"422 Unprocessable"
+            assert sink.deliver(messages(1, groups=0)) == ['HTTP 422: {"error":"nope"}']
+    finally:
+        s.stop()

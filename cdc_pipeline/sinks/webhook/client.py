@@ -85,6 +85,7 @@ class WebhookSink(Sink):
         self.signature_header: str = dest.signature_header
         self.batch_size: int = dest.batch_size
         self.max_in_flight: int = dest.max_in_flight
+        self._where = safe_endpoint(self.url)  # for messages
         self._environ = environ
         self._secret: bytes | None = None
         self._masked: list[str] = []  # values that must never appear in an error
@@ -185,7 +186,7 @@ class WebhookSink(Sink):
         if self._secret is not None:
             headers[self.signature_header] = hmac.new(self._secret, body, hashlib.sha256).hexdigest()
             headers.update(timestamped_signature(self._secret, body, self.signature_header))
-        where = safe_endpoint(self.url)
+        where = self._where
         try:
             status, text = await self._pool.post(headers, body, self.timeout_ms / 1000, MAX_ERROR_BODY)
         except DeadlineExceeded as exc:
