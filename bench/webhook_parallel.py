@@ -44,6 +44,7 @@ from bench._common import (  # noqa: E402 - runnable as a script
     run_cli,
     start_cluster,
     table,
+    wait_quiet,
     write_config,
 )
 
@@ -165,7 +166,7 @@ def end_to_end(args: argparse.Namespace, base: str) -> list[tuple[str, ...]]:
         total = 3 * args.groups
         for sink in sinks:
             chunk = sink["destination"]["batch_size"]
-            busy = cpu_busy(1.0)
+            busy = wait_quiet(args.wait_quiet) if args.wait_quiet else cpu_busy(1.0)
             _call(base, "POST", "/reset")
             t0 = time.monotonic()
             proc = subprocess.run([CLI, "--config", str(cfg), "deliver", "--sink", sink["name"], "--until-idle"],
@@ -233,6 +234,8 @@ def main() -> None:
     ap.add_argument("--max-in-flight", type=int, default=None, help="the sink's max_in_flight (default: its own)")
     ap.add_argument("--ungrouped", action="store_true", help="also message_grouping: false")
     ap.add_argument("--sink-only", action="store_true", help="drive the sink directly (no cluster, no CLI)")
+    ap.add_argument("--wait-quiet", type=float, default=0, metavar="S",
+                    help="before each timed run, wait up to S seconds for other work to leave the CPUs idle")
     ap.add_argument("--keep", action="store_true")
     args = ap.parse_args()
     args.chunks = [int(c) for c in args.chunks.split(",")]
