@@ -14,6 +14,9 @@ Contract (what the delivery engine relies on):
   group never reaches the destination past its failed message. A sink that pipelines (sends before the
   earlier messages are acknowledged) sets `one_per_group`: the engine then hands it at most one message
   per group per call, so a group's next message goes out only after the previous one was acknowledged.
+  A sink may also keep many requests of one call in flight itself, as long as a group's later message
+  waits for its earlier one's acknowledgement and is reported NOT_SENT once an earlier one was not
+  acknowledged (the webhook's window, sinks/window.py): it does not pipeline, so it is not `one_per_group`.
   What a sink did deliver past its group's failure is parked behind it by the engine all the same, and
   redelivered after it (a duplicate the idempotency key identifies).
 * `SinkUnavailable` is raised (by `open()` or `deliver()`) when the destination as a whole cannot be

@@ -1,26 +1,17 @@
-"""Hostile-endpoint guards for the webhook sink: a total deadline per request, a bounded read of the
-response body, and masking of secrets and control characters in anything an endpoint echoes back.
-
-httpx's timeouts apply to each connect/read/write, so an endpoint sending a byte every half second holds
-a request forever; here a timer shuts the request's socket down at the deadline, which wakes the blocked
-read (closing a socket does not; shutting it down does). The socket is found through httpcore's trace
-hook (a new connection) or the response's network stream (a reused one, once headers are in).
+"""Hostile-endpoint guards for the webhook sink: a total deadline per request and a bounded read of the
+response body (both enforced by sinks/http1.py: an endpoint sending a byte every half second is cut at
+the deadline, not held per read), and masking of secrets and control characters in anything an
+endpoint echoes back.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import hmac
-import socket
-import threading
 import time
 import unicodedata
 from collections.abc import Iterable
-from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
-
-import httpx
 
 MAX_ERROR_BODY = 4096  # bytes of a response body ever read: enough for an error message
 MIN_SECRET = 6  # shorter URL parts and header words are too common to be worth masking
@@ -28,62 +19,6 @@ MIN_SECRET = 6  # shorter URL parts and header words are too common to be worth 
 
 class DeadlineExceeded(Exception):
     """The request as a whole took longer than its deadline."""
-
-
-def post_bounded(client: httpx.Client, url: str, body: bytes, headers: dict[str, str], deadline_s: float,
-                 max_body: int = MAX_ERROR_BODY) -> tuple[int, bytes]:
-    """POST and return (status, at most ``max_body`` bytes of the body); raise DeadlineExceeded if the whole
-    exchange (connect, send, headers, body) is not done in ``deadline_s``. httpx errors pass through."""
-    sockets: list[socket.socket] = []
-    fired = threading.Event()
-    lock = threading.Lock()
-
-    def shut(sock: socket.socket) -> None:
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
-
-    def on_deadline() -> None:
-        with lock:
-            fired.set()
-            for sock in sockets:
-                shut(sock)
-
-    def track(sock: Any) -> None:
-        if isinstance(sock, socket.socket):
-            with lock:
-                sockets.append(sock)
-                if fired.is_set():
-                    shut(sock)
-
-    def trace(event: str, info: dict[str, Any]) -> None:
-        if event in ("connection.connect_tcp.complete", "connection.start_tls.complete"):
-            stream = info.get("return_value")
-            if stream is not None:
-                track(stream.get_extra_info("socket"))
-
-    timer = threading.Timer(deadline_s, on_deadline)
-    timer.daemon = True
-    started = time.monotonic()
-    timer.start()
-    try:
-        with client.stream("POST", url, content=body, headers=headers, extensions={"trace": trace}) as response:
-            stream = response.extensions.get("network_stream")
-            if stream is not None:
-                track(stream.get_extra_info("socket"))
-            data = bytearray()
-            for chunk in response.iter_raw():
-                data += chunk
-                if len(data) >= max_body or time.monotonic() - started > deadline_s:
-                    break  # the rest is never read: leaving the block closes the connection
-            if fired.is_set():
-                raise DeadlineExceeded()
-            return response.status_code, bytes(data[:max_body])
-    except httpx.TransportError:
-        if fired.is_set():
-            raise DeadlineExceeded() from None
-        raise
-    finally:
-        timer.cancel()
 
 
 TIMESTAMP_HEADER = "X-CDC-Timestamp"

@@ -14,6 +14,8 @@ from cdc_pipeline.config.base import ENV_NAME_RE, HEADER_NAME_RE, StrictModel, s
 from cdc_pipeline.config.errors import Loc, fail
 from cdc_pipeline.sinks.base import Sink, SinkConfigLike
 
+MAX_IN_FLIGHT = 100  # requests outstanding at once by default: 5,000 requests/s at 20 ms each
+
 
 class WebhookDestination(StrictModel):
     type: Literal["webhook"] = "webhook"
@@ -27,6 +29,8 @@ class WebhookDestination(StrictModel):
     signature_header: str = Field(default="X-CDC-Signature", description="Receives the hex HMAC-SHA256 of the "
                                   "body; `<signature_header>-V2` the HMAC of `<X-CDC-Timestamp>.<body>`.")
     batch_size: int = Field(default=1000, gt=0, description="Messages per request.")
+    max_in_flight: int = Field(default=MAX_IN_FLIGHT, gt=0, le=10000, description="Requests outstanding at once "
+                               "(a sliding window; a group's next request waits for its previous one).")
 
     @field_validator("headers", mode="before")
     @classmethod

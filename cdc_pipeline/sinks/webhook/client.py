@@ -5,17 +5,21 @@
   (HMAC-SHA256, lower-case hex) in `signature_header`, and `<timestamp>.<body>` in
   `<signature_header>-V2`, with the Unix time in `X-CDC-Timestamp` (so a receiver can refuse replays).
 * A rejected chunk (non-2xx) of more than one message is bisected, halves sent left then right, until
-  the rejected message is isolated, so one poison message does not fail its neighbours. The sink stops
-  at the first failure (later messages are reported NOT_SENT: the engine hands back those whose group
-  is still in order), so nothing of a group is sent past its failed message.
-* Statuses that speak for the whole endpoint (3xx, 401, 403, 407, 429, 502, 503, 504) are not bisected:
-  with nothing acknowledged yet they raise SinkUnavailable (retry the batch later), else they fail the
-  rest of the batch. Connection refused / DNS failure / connect timeout are handled the same way.
+  the rejected message is isolated, so one poison message does not fail its neighbours. A chunk stops
+  at its first failure, and a later chunk sharing a group with a message not acknowledged is not sent
+  (reported NOT_SENT: the engine hands back those whose group is still in order), so nothing of a group
+  is sent past its failed message.
+* Statuses that speak for the whole endpoint (3xx, 401, 403, 407, 429, 502, 503, 504) are not bisected
+  and stop the window (requests already out finish): with nothing acknowledged they raise
+  SinkUnavailable (retry the batch later), else they fail the rest of the batch. Connection refused / DNS failure / connect timeout are handled the same way.
 * A timeout (`timeout_ms`: a total deadline for the whole request, and for each connect, write and read)
   fails the chunk's messages without bisecting: a slow endpoint would only get slower. At most a few KB
   of a response body is read (sinks/http_guard.py).
-* Chunks with disjoint groups may be in flight together (up to CONCURRENCY), so that concurrency
-  never reorders a group; ungrouped messages never conflict. One keep-alive `httpx.Client` serves all of them.
+* Chunks go through a sliding window of `max_in_flight` requests (sinks/window.py): the next goes as
+  soon as any returns; a chunk waits for the previous chunk of each of its groups to be acknowledged, so
+  no group is ever reordered; ungrouped messages wait for nothing. A lean HTTP/1.1 client (sinks/http1.py) on the
+  sink's own event loop keeps up to `max_in_flight` keep-alive connections, TCP_NODELAY; no thread per
+  request.
 * Every request carries an `Idempotency-Key` header: the message's key, or `first..last` for a request
   of several messages (each message's own key is in its metadata).
 * `route` is ignored: a webhook sink has one URL.
@@ -29,12 +33,10 @@ import hashlib
 import hmac
 import os
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-
-import httpx
 
 from cdc_pipeline.sinks.base import (
     NOT_SENT,
+    EventLoopThread,
     OutboundMessage,
     Sink,
     SinkConfigError,
@@ -43,15 +45,16 @@ from cdc_pipeline.sinks.base import (
     Unreachable,
     safe_endpoint,
 )
+from cdc_pipeline.sinks.http1 import ConnectFailed, Http1Pool, TransportFailed
 from cdc_pipeline.sinks.http_guard import (
+    MAX_ERROR_BODY,
     DeadlineExceeded,
     mask,
-    post_bounded,
     secrets_of,
     timestamped_signature,
 )
+from cdc_pipeline.sinks.window import send_window
 
-CONCURRENCY = 4
 # The whole endpoint answers for these; bisecting would multiply requests without isolating anything.
 ENDPOINT_STATUSES = frozenset({401, 403, 407, 429, 502, 503, 504})
 _PENDING = "\x00pending"  # placeholder result; never returned (compared by identity)
@@ -81,11 +84,13 @@ class WebhookSink(Sink):
         self.secret_env: str | None = dest.hmac_secret_env
         self.signature_header: str = dest.signature_header
         self.batch_size: int = dest.batch_size
+        self.max_in_flight: int = dest.max_in_flight
+        self._where = safe_endpoint(self.url)  # for messages
         self._environ = environ
         self._secret: bytes | None = None
         self._masked: list[str] = []  # values that must never appear in an error
-        self._client: httpx.Client | None = None
-        self._pool: ThreadPoolExecutor | None = None
+        self._runner: EventLoopThread | None = None
+        self._pool: Http1Pool | None = None
 
     # -- lifecycle --------------------------------------------------------------------------------
     def open(self) -> None:
@@ -98,74 +103,70 @@ class WebhookSink(Sink):
             self._secret = value.encode()
         self._masked = secrets_of(self.url, self.extra_headers.values(),
                                   [self._secret.decode()] if self._secret else [])
-        self._client = httpx.Client(
-            timeout=httpx.Timeout(self.timeout_ms / 1000),
-            limits=httpx.Limits(max_connections=CONCURRENCY, max_keepalive_connections=CONCURRENCY),
-        )
-        self._pool = ThreadPoolExecutor(max_workers=CONCURRENCY, thread_name_prefix=f"webhook-{self.name}")
+        if self._runner is None:
+            self._runner = EventLoopThread(f"webhook-sink-{self.name}")
+        self._pool = Http1Pool(self.url, self.max_in_flight)
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
-        if self._client is not None:
-            self._client.close()
-            self._client = None
+        runner, pool, self._runner, self._pool = self._runner, self._pool, None, None
+        if runner is None:
+            return
+        try:
+            if pool is not None:
+                runner.run(pool.aclose(), timeout=30)
+        finally:
+            runner.stop()
 
     # -- delivery ---------------------------------------------------------------------------------
     def deliver(self, batch: Sequence[OutboundMessage]) -> list[str | None]:
-        if self._client is None:
+        if not batch:
+            return []
+        if self._pool is None:
             self.open()
-        assert self._pool is not None
-        results: list[str | None] = [_PENDING] * len(batch)
-        size = self.batch_size
-        chunks = [list(range(i, min(i + size, len(batch)))) for i in range(0, len(batch), size)]
-        down: str | None = None
-        stopped = False  # a message failed: the rest is left to the engine
-        for wave in _waves(batch, chunks):
-            if down is not None or stopped:
-                for chunk in wave:
-                    for i in chunk:
-                        results[i] = NOT_SENT if down is None else Unreachable(f"not sent: {down}")
-                continue
-            if len(wave) == 1:
-                outcomes = [self._run_chunk(batch, wave[0], results)]
-            else:
-                outcomes = list(self._pool.map(lambda c: self._run_chunk(batch, c, results), wave))
-            for chunk, (failed, reason) in zip(wave, outcomes, strict=True):
-                stopped = stopped or failed
-                if reason is None:
-                    continue
-                down = reason
-                for i in chunk:
-                    if results[i] is _PENDING:
-                        results[i] = Unreachable(f"not sent: {reason}")
-            if down is not None and not any(r is None for r in results):
-                raise SinkUnavailable(down)
+        assert self._runner is not None
+        results, down = self._runner.run(self._deliver(batch))
+        if down is not None and not any(r is None for r in results):
+            raise SinkUnavailable(down)
         return results
 
-    def _run_chunk(self, batch: Sequence[OutboundMessage], chunk: list[int],
-                   results: list[str | None]) -> tuple[bool, str | None]:
-        """Deliver one chunk (bisecting as needed): whether a message failed, and why the endpoint is
-        down if it is."""
-        try:
-            return self._attempt(batch, chunk, results), None
-        except _EndpointDown as exc:
-            return True, str(exc)
+    async def _deliver(self, batch: Sequence[OutboundMessage]) -> tuple[list[str | None], str | None]:
+        """Per-message results, and why the endpoint is down if it went down."""
+        results: list[str | None] = [_PENDING] * len(batch)
+        size = self.batch_size
+        chunks = [range(i, min(i + size, len(batch))) for i in range(0, len(batch), size)]
+        down: list[str] = []
 
-    def _attempt(self, batch: Sequence[OutboundMessage], idx: list[int], results: list[str | None]) -> bool:
+        async def send(chunk: Sequence[int]) -> set[str]:
+            idx = list(chunk)
+            try:
+                await self._attempt(batch, idx, results)
+            except _EndpointDown as exc:
+                down.append(str(exc))
+                for i in idx:
+                    if results[i] is _PENDING:
+                        results[i] = Unreachable(f"not sent: {exc}")
+            return {g for i in idx if results[i] is not None and (g := batch[i].group) is not None}
+
+        def skip(chunk: Sequence[int]) -> None:
+            for i in chunk:
+                results[i] = NOT_SENT if not down else Unreachable(f"not sent: {down[0]}")
+
+        await send_window(chunks, [m.group for m in batch], self.max_in_flight, send, skip, lambda: bool(down))
+        return results, (down[0] if down else None)
+
+    async def _attempt(self, batch: Sequence[OutboundMessage], idx: list[int], results: list[str | None]) -> bool:
         """POST these messages, bisecting a rejection down to its message; True if one failed (the
         messages after it are then NOT_SENT)."""
         try:
-            self._post([batch[i].payload for i in idx], [batch[i].key for i in idx])
+            await self._post([batch[i].payload for i in idx], [batch[i].key for i in idx])
         except _ChunkFailed as exc:
             if exc.bisect and len(idx) > 1:
                 mid = len(idx) // 2
-                if self._attempt(batch, idx[:mid], results):  # left first: keeps group order
+                if await self._attempt(batch, idx[:mid], results):  # left first: keeps group order
                     for i in idx[mid:]:
                         results[i] = NOT_SENT
                     return True
-                return self._attempt(batch, idx[mid:], results)
+                return await self._attempt(batch, idx[mid:], results)
             for i in idx:
                 results[i] = exc.reason
             return True
@@ -173,8 +174,8 @@ class WebhookSink(Sink):
             results[i] = None
         return False
 
-    def _post(self, payloads: list[bytes], keys: list[str]) -> None:
-        assert self._client is not None
+    async def _post(self, payloads: list[bytes], keys: list[str]) -> None:
+        assert self._pool is not None
         body = b'{"data":[' + b",".join(payloads) + b"]}"
         # The key travels in the body too, but a transform may drop it: the header always carries it
         # (a request of several messages names its first and last: `first..last`).
@@ -185,21 +186,17 @@ class WebhookSink(Sink):
         if self._secret is not None:
             headers[self.signature_header] = hmac.new(self._secret, body, hashlib.sha256).hexdigest()
             headers.update(timestamped_signature(self._secret, body, self.signature_header))
-        where = safe_endpoint(self.url)
+        where = self._where
         try:
-            status, text = post_bounded(self._client, self.url, body, headers, self.timeout_ms / 1000)
+            status, text = await self._pool.post(headers, body, self.timeout_ms / 1000, MAX_ERROR_BODY)
         except DeadlineExceeded as exc:
             raise _ChunkFailed(f"timeout: no response from {where} within {self.timeout_ms} ms "
                                "(a total deadline for the request)",
                                bisect=False) from exc
-        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
-            raise _EndpointDown(f"webhook {where} unreachable: {type(exc).__name__}: {self._mask(str(exc))}") from exc
-        except httpx.TimeoutException as exc:
-            raise _ChunkFailed(f"timeout: no response from {where} within {self.timeout_ms} ms "
-                               f"({type(exc).__name__})", bisect=False) from exc
-        except httpx.TransportError as exc:
-            raise _ChunkFailed(f"transport error: {type(exc).__name__}: {self._mask(str(exc))}",
-                               bisect=False) from exc
+        except ConnectFailed as exc:
+            raise _EndpointDown(f"webhook {where} unreachable: {self._mask(str(exc))}") from exc
+        except TransportFailed as exc:
+            raise _ChunkFailed(f"transport error: {self._mask(str(exc))}", bisect=False) from exc
         if 200 <= status < 300:
             return
         reason = f"HTTP {status}: {self._mask(text.decode('utf-8', 'replace')[:200])}"
@@ -209,19 +206,3 @@ class WebhookSink(Sink):
 
     def _mask(self, text: str) -> str:
         return mask(text, self._masked)
-
-
-def _waves(batch: Sequence[OutboundMessage], chunks: list[list[int]]) -> list[list[list[int]]]:
-    """Consecutive chunks grouped into waves of up to CONCURRENCY whose groups are pairwise disjoint,
-    so chunks of one wave can be in flight together without reordering any group."""
-    waves: list[list[list[int]]] = []
-    seen: set[str] = set()
-    for chunk in chunks:
-        groups = {g for i in chunk if (g := batch[i].group) is not None}
-        if waves and len(waves[-1]) < CONCURRENCY and seen.isdisjoint(groups):
-            waves[-1].append(chunk)
-            seen |= groups
-        else:
-            waves.append([chunk])
-            seen = groups
-    return waves
