@@ -14,6 +14,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from cdc_pipeline.config.api_sources import MAX_RETRY_AFTER_SECONDS
+
 
 @dataclass(frozen=True)
 class Quota:
@@ -42,7 +44,6 @@ class BudgetState:
     factor: float = 1.0
 
 
-MAX_RETRY_AFTER_SECONDS = 300.0  # default cap of one pause (rate_limit.max_retry_after_seconds)
 
 
 def reserve(state: BudgetState, now: float, quota: Quota,

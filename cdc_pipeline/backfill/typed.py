@@ -18,12 +18,11 @@ from collections.abc import Sequence
 import psycopg
 
 from cdc_pipeline.config import PipelineConfig, SinkConfig
-from cdc_pipeline.postgres.pgtypeinfo import TYPE_SQL
+from cdc_pipeline.postgres.pgtypeinfo import FIRST_USER_OID, TYPE_SQL
 from cdc_pipeline.sinks import sink_class
 from cdc_pipeline.sinks.base import Sink
 from cdc_pipeline.state.typed_rows import Columns
 
-FIRST_USER_OID = 16384
 _JSON_PATH_ONLY = {114, 199, 790, 791}  # json, json[], money, money[]
 # OID alias types (regclass, regtype, regproc, regnamespace, ...: element types too) print as names that
 # only the source's catalog resolves: a state database elsewhere cannot parse them back (JSON path).

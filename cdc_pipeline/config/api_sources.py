@@ -8,7 +8,6 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from cdc_pipeline.api_sync.budget import MAX_RETRY_AFTER_SECONDS
 from cdc_pipeline.config.base import ENV_NAME_RE, Dsn, Name, StrictModel, identifier, qualify
 from cdc_pipeline.config.errors import Loc, fail
 
@@ -22,6 +21,9 @@ def _env_name(value: str | None) -> str | None:
         # Never echo the value: it is probably the secret itself.
         raise ValueError("must be the NAME of an environment variable (e.g. HUBSPOT_TOKEN), never the secret itself")
     return value
+
+
+MAX_RETRY_AFTER_SECONDS = 300.0  # default cap of one pause: an API's Retry-After beyond it is held to it
 
 
 class BearerAuth(StrictModel):

@@ -26,6 +26,7 @@ from pyspark.sql import SparkSession
 from cdc_pipeline.backfill.typed import takes_typed
 from cdc_pipeline.config import PipelineConfig, SinkConfig
 from cdc_pipeline.core.backoff import next_delay_ms
+from cdc_pipeline.core.metrics_registry import BATCH_SECONDS
 from cdc_pipeline.delivery import backlog
 from cdc_pipeline.delivery.dispatch import deliver_in_order
 from cdc_pipeline.delivery.enrichment import Enricher
@@ -37,7 +38,6 @@ from cdc_pipeline.delivery.relay import Relaying
 from cdc_pipeline.delivery.spark_stage import SinkPlan, empty_output
 from cdc_pipeline.delivery.staging import StageFailure, Staging
 from cdc_pipeline.delivery.stats import DeliveryStats
-from cdc_pipeline.ops.metrics import BATCH_SECONDS
 from cdc_pipeline.postgres import session
 from cdc_pipeline.postgres.catalog import TableInfo
 from cdc_pipeline.sinks import build_sink

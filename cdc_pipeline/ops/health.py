@@ -13,7 +13,7 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from cdc_pipeline.config import PipelineConfig
-from cdc_pipeline.ops.metrics import REGISTRY
+from cdc_pipeline.core.metrics_registry import REGISTRY
 
 log = logging.getLogger(__name__)
 

@@ -19,17 +19,12 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 log = logging.getLogger(__name__)
 
 STATUS_SECONDS = 2.0
-REGISTRY = CollectorRegistry(auto_describe=True)  # this process's; Python's own metrics stay out
-BATCH_SECONDS = Histogram("cdc_sink_batch_duration_seconds", "Time to send one batch and record its offset",
-                          ["sink"], registry=REGISTRY,
-                          buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
 
 
 class PipelineCollector(Collector):

@@ -24,13 +24,13 @@ from cdc_pipeline.postgres import session
 from cdc_pipeline.postgres.catalog import ColumnInfo, TableInfo, describe_table
 from cdc_pipeline.postgres.compose import execute
 from cdc_pipeline.postgres.keyset import parse_qualified
+from cdc_pipeline.postgres.pgtypeinfo import FIRST_USER_OID
 from cdc_pipeline.sinks.base import NOT_SENT, OutboundMessage, Sink, SinkConfigLike, SinkUnavailable
 from cdc_pipeline.sinks.postgres import OFFSETS_SCHEMA, typed
 from cdc_pipeline.sinks.postgres.grants import grant_findings
 from cdc_pipeline.sinks.routes import route_problem
 from cdc_pipeline.state.typed_log import TypedRun
 
-FIRST_USER_OID = 16384  # types above this (enums, domains, composites) may not exist in the destination
 STAGE_WORK_MEM = "128MB"  # per sort/hash of one batch, for this transaction only
 _TRANSIENT = (psycopg.OperationalError, psycopg.errors.ConnectionTimeout)
 _REJECTED = (psycopg.Error, typed.TypedMismatch)  # a failure of the messages applied, not of the sink
@@ -394,9 +394,7 @@ ROW_ACTION = sql.SQL("coalesce(s.msg->>'action', CASE WHEN s.msg->'deleted' = 't
 
 
 def _column_type(column: ColumnInfo) -> sql.Composable:
-    # type_sql and mirror_type come from the source's own catalog (format_type), not from user input.
-    if column.mirror_type:
-        return sql.SQL(column.mirror_type)
-    if column.type_oid >= FIRST_USER_OID:
-        return sql.SQL("text[]" if column.type_sql.endswith("[]") else "text")
-    return sql.SQL(column.type_sql)
+    # From the source's own catalog (format_type), never user input; user types recorded without a mirror_type: text.
+    if column.mirror_type or column.type_oid < FIRST_USER_OID:
+        return sql.SQL(column.mirror_type or column.type_sql)
+    return sql.SQL("text[]" if column.type_sql.endswith("[]") else "text")
