@@ -101,8 +101,8 @@ def test_build_sink_dispatches_on_destination_type() -> None:
     assert isinstance(build_sink(sink_config(RedisStreamDestination())), RedisStreamSink)
     assert isinstance(build_sink(sink_config(NatsDestination())), NatsSink)
     assert isinstance(build_sink(sink_config(RabbitMQDestination())), RabbitMQSink)
-    with pytest.raises(ValueError, match="unknown destination type 'kafka'"):
-        build_sink(sink_config(SimpleNamespace(type="kafka")))
+    with pytest.raises(ValueError, match="unknown destination type 'pulsar'"):  # kafka is a sink now
+        build_sink(sink_config(SimpleNamespace(type="pulsar")))
 
 
 # -- Redis Streams --------------------------------------------------------------------------------
