@@ -1,5 +1,8 @@
 """Delivery of one sink: log -> Spark stage -> sink, with parking, retries and per-group order.
 
+The Deliverer is wired here from explicit parts, each given what it needs: a stager (staging.py), a parking
+lot (parking.py), a relay of typed runs (relay.py) and the offset keeper that settles every send (offset.py).
+
 Each micro-batch: load the log after the sink's offset, run the Spark stage, hold back messages whose
 group already has a parked message, hand the rest to the sink in the calls its ordering needs
 (dispatch.py, ordering.py), park what failed (and what is behind it in its group), then advance the
@@ -31,12 +34,13 @@ from cdc_pipeline.delivery import backlog
 from cdc_pipeline.delivery.dispatch import deliver_in_order
 from cdc_pipeline.delivery.enrichment import Enricher
 from cdc_pipeline.delivery.lazy_spark import LazySpark
+from cdc_pipeline.delivery.offset import OffsetKeeper
 from cdc_pipeline.delivery.ordering import position_of, split_held
 from cdc_pipeline.delivery.outage import DestinationDown, Liveness, all_down, transient
-from cdc_pipeline.delivery.parking import Parking, messages_from
-from cdc_pipeline.delivery.relay import Relaying
+from cdc_pipeline.delivery.parking import RETRY_CHUNK, ParkingLot, messages_from
+from cdc_pipeline.delivery.relay import Relay
 from cdc_pipeline.delivery.spark_stage import SinkPlan, empty_output
-from cdc_pipeline.delivery.staging import StageFailure, Staging
+from cdc_pipeline.delivery.staging import StageFailure, Stager
 from cdc_pipeline.delivery.stats import DeliveryStats
 from cdc_pipeline.postgres import session
 from cdc_pipeline.postgres.catalog import TableInfo
@@ -80,7 +84,7 @@ class Staged:
     after: Position | None = None  # where the run starts
 
 
-class Deliverer(Staging, Parking, Relaying):
+class Deliverer:
     def __init__(self, config: PipelineConfig, sink_config: SinkConfig, spark: SparkSession | LazySpark,
                  sink: Sink | None = None, dry_run: bool = False, dry_run_out: IO[str] | None = None) -> None:
         self.config = config
@@ -101,9 +105,14 @@ class Deliverer(Staging, Parking, Relaying):
         self._stop = threading.Event()
         self._keys: dict[str, tuple[str, ...]] = {}  # row streams: primary key columns per table
         self._resyncs: list[threading.Thread] = []  # backfills re-syncing a row stream (backlog.py)
-        self._live = Liveness()
-        self._waiting = False  # a wait for the destination is recorded in the state database
+        self._live = Liveness()  # which failures are the destination's rather than a message's (outage.py)
         self.stats: DeliveryStats | None = None
+        # The parts, each given what it needs.
+        self.offsets = OffsetKeeper(self.store, config.state_dsn, sink_config.name)
+        self.stager = Stager(spark, self.plan, sink_config, self.store, self.enricher, self._key_columns)
+        self.parking = ParkingLot(sink_config, self.store, self._live, self.stager, self.send,
+                                  min(self.batch_size, RETRY_CHUNK))
+        self.relay = Relay(sink_config, self.store, self.sink, self._live, self.offsets) if self.sink else None
 
     def stop(self) -> None:
         self._stop.set()
@@ -143,25 +152,16 @@ class Deliverer(Staging, Parking, Relaying):
                     what = "the state database" if isinstance(exc, psycopg.Error) else "the destination"
                     log.warning("deliver: sink %s: waiting for %s: %s; retry %d in %.1f s", self.sink_config.name,
                                 what, cause, attempt, delay)
-                    self._record_waiting(cause)
+                    self.offsets.record_waiting(cause)
                     if deadline is not None and time.monotonic() + delay >= deadline:
                         break  # a time-limited run ends waiting; the next one starts over
                     if self._stop.wait(delay):
                         break
         finally:
             if stats.outage_retries:
-                self._record_waiting(None)
+                self.offsets.record_waiting(None)
         stats.seconds = time.monotonic() - started
         return stats
-
-    def _record_waiting(self, reason: str | None) -> None:
-        """Best effort: the state database may be what is down."""
-        try:
-            with session.connect(self.config.state_dsn, autocommit=True, statement_timeout_ms=5000) as conn:
-                self.store.set_waiting(conn, self.sink_config.name, reason)
-        except psycopg.Error as exc:
-            log.debug("deliver: sink %s: cannot record waiting: %s", self.sink_config.name, type(exc).__name__)
-        self._waiting = reason is not None
 
     def _session(self, stats: DeliveryStats, started: float, until_idle: bool, seconds: float | None,
                  first: bool) -> None:
@@ -210,9 +210,6 @@ class Deliverer(Staging, Parking, Relaying):
         except psycopg.Error as exc:
             raise StateError(f"describing {table}: {type(exc).__name__}") from exc
 
-    def _schemas(self, conn: psycopg.Connection) -> dict[str, list[dict[str, object]]]:
-        return self.store.relation_columns(conn) if self.plan.needs_record else {}
-
     def _loop(self, conn: psycopg.Connection, offset: Position, stats: DeliveryStats, started: float,
               until_idle: bool, seconds: float | None) -> Position:
         """Micro-batches until idle (or stopped). The next batch is loaded and staged on a second
@@ -238,7 +235,7 @@ class Deliverer(Staging, Parking, Relaying):
                 if not self.dry_run:
                     with self._turn(conn) as turn:
                         if turn:
-                            self._retry_due(conn, stats)
+                            self.parking.retry_due(conn, stats)
                     if not turn:
                         break
                 prefetched = ahead is not None
@@ -318,21 +315,22 @@ class Deliverer(Staging, Parking, Relaying):
         batch = self.store.load_batch(conn, self.sink_config.tables, offset, limit or self.batch_size,
                                       sink=self.sink_config.name, max_bytes=self.config.delivery.batch_bytes,
                                       typed=self.typed_rows)
-        schemas = self._schemas(conn) if batch.num_rows else {}
+        schemas = self.stager.schemas(conn) if batch.num_rows else {}
         shapes = shapes_of(conn, self.config.state.schema_name, batch) if self.typed_rows else {}
         conn.commit()
         if batch.num_rows == 0:
             return Staged(batch, offset, empty_output(), [])
         last: Position = (batch.column("commit_lsn")[-1].as_py(), batch.column("commit_idx")[-1].as_py())
-        out, stage_failed = self._stage(batch, schemas)
+        out, stage_failed = self.stager.stage(batch, schemas)
         return Staged(batch, last, out, stage_failed, shapes)
 
     def _send(self, conn: psycopg.Connection, staged: Staged, stats: DeliveryStats,
               source: psycopg.Connection | None = None) -> Position:
         """Deliver one micro-batch and advance the offset (``conn``); a typed run is read from ``source``."""
         if staged.run is not None:
-            assert source is not None  # the relay's COPY holds its connection until the sink has applied it
-            if self._relay(conn, source, staged.run, staged.after or (0, -1), stats):
+            # The relay's COPY holds its connection until the sink has applied it.
+            assert source is not None and self.relay is not None
+            if self.relay.relay(conn, source, staged.run, staged.after or (0, -1), stats):
                 return staged.last
             # Rejected, or a parked group: the run message by message, which finds the read at fault or
             # holds the group's reads behind the parked one (ordering.py).
@@ -357,23 +355,17 @@ class Deliverer(Staging, Parking, Relaying):
         # Those are parked only by the state commit below: the sink must not record a position past them.
         kept_back = [position_of(m) for m in held] + [pos for pos, _, _ in stage_failed]
         began = time.monotonic()
-        results = self._deliver(send, min(kept_back) if kept_back else None)
+        results = self.send(send, min(kept_back) if kept_back else None)
         cause = all_down(results)
         if cause is not None:
             raise DestinationDown(f"sink {name!r}: nothing acknowledged: {cause}")
-        parked = self._park_failures(conn, send, results, held, stage_failed)
+        parked = self.parking.park_failures(conn, send, results, held, stage_failed)
         delivered = sum(1 for r in results if r is None)
-        self.store.advance_offset(conn, name, last, delivered, filtered, parked, last_ts)
-        if self._waiting:
-            self.store.set_waiting(conn, name, None)
-            self._waiting = False
-        conn.commit()
+        self.offsets.settle(conn, stats, last, delivered, filtered, parked, last_ts)
         BATCH_SECONDS.labels(name).observe(time.monotonic() - began)
-        stats.delivered += delivered
-        stats.parked += parked
         return last
 
-    def _deliver(self, messages: Sequence[OutboundMessage], kept_back: Position | None = None) -> list[str | None]:
+    def send(self, messages: Sequence[OutboundMessage], kept_back: Position | None = None) -> list[str | None]:
         """Per message: None (delivered), its error, or held behind its group's failure (ordering.py)."""
         if not messages:
             return []

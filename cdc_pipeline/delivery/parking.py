@@ -1,4 +1,4 @@
-"""Parking and retrying failed messages, per group and in order: a mixin of the Deliverer.
+"""Parking and retrying failed messages, per group and in order: the Deliverer's parking lot.
 
 A group's first failure is parked with its error (counted against `max_retries` unless it says the
 destination did not answer, see outage.py), the group's later messages are parked behind it as held;
@@ -16,9 +16,9 @@ from cdc_pipeline.config import SinkConfig
 from cdc_pipeline.core.backoff import next_delay_ms
 from cdc_pipeline.delivery.ordering import HELD, position_of, split_held
 from cdc_pipeline.delivery.outage import Liveness
-from cdc_pipeline.delivery.staging import NotIsolated, StageFailure
+from cdc_pipeline.delivery.staging import NotIsolated, StageFailure, Stager
 from cdc_pipeline.delivery.stats import DeliveryStats
-from cdc_pipeline.sinks.base import OutboundMessage, Sink, TypedRow
+from cdc_pipeline.sinks.base import OutboundMessage, TypedRow
 from cdc_pipeline.state.store import Position, Store
 from cdc_pipeline.state.typed_rows import Columns
 
@@ -50,19 +50,23 @@ def messages_from(out: pa.Table, shapes: Mapping[str, Columns] | None = None) ->
     return messages
 
 
-class Parking:
-    sink_config: SinkConfig
-    store: Store
-    sink: Sink | None
-    batch_size: int
-    _live: Liveness
+Send = Callable[[Sequence[OutboundMessage]], list[str | None]]  # per message: None, its error, or HELD
 
-    # Provided by the Deliverer and the Staging mixin (declared here for the type checker only).
-    _deliver: Callable[[Sequence[OutboundMessage]], list[str | None]]  # held ones come back as HELD
-    _stage: Callable[[pa.Table, dict[str, list[dict[str, object]]]], tuple[pa.Table, list[StageFailure]]]
-    _schemas: Callable[[psycopg.Connection], dict[str, list[dict[str, object]]]]
 
-    def _park_failures(self, conn: psycopg.Connection, sent: Sequence[OutboundMessage],
+class ParkingLot:
+    """One sink's parked messages: parks a batch's failures and retries the due ones through ``stager`` and
+    ``send`` (the Deliverer's), sharing its view of the destination's liveness."""
+
+    def __init__(self, sink_config: SinkConfig, store: Store, live: Liveness, stager: Stager, send: Send,
+                 retry_chunk: int) -> None:
+        self.sink_config = sink_config
+        self.store = store
+        self.live = live
+        self.stager = stager
+        self.send = send
+        self.retry_chunk = retry_chunk
+
+    def park_failures(self, conn: psycopg.Connection, sent: Sequence[OutboundMessage],
                        results: Sequence[str | None], held: Sequence[OutboundMessage],
                        stage_failed: Sequence[StageFailure] = ()) -> int:
         """Park what failed (a group's first failure with its error, the rest of the group as held) and
@@ -83,11 +87,11 @@ class Parking:
             first = group not in failed_groups
             failed_groups.add(group)
             # An unanswered message next to acknowledged ones is not yet known to be the culprit.
-            counted = first and self._live.counts(pos, err)
+            counted = first and self.live.counts(pos, err)
             items.append((pos, group, err if first else HELD, 1 if counted else 0))
             if first:
                 tried.append(pos)
-        self._live.tried(tried)
+        self.live.tried(tried)
         items += [(position_of(m), m.group, HELD, 0) for m in held]
         items.sort(key=lambda it: it[0])
         self.store.park(conn, self.sink_config.name, items, [self._delay(max(1, a)) for _, _, _, a in items])
@@ -101,15 +105,15 @@ class Parking:
         b = self.sink_config.backoff
         return next_delay_ms(attempt, b.initial_ms, b.max_ms, b.multiplier, b.jitter)
 
-    def _retry_due(self, conn: psycopg.Connection, stats: DeliveryStats) -> None:
-        due = self.store.due_retries(conn, self.sink_config.name, min(self.batch_size, RETRY_CHUNK))
+    def retry_due(self, conn: psycopg.Connection, stats: DeliveryStats) -> None:
+        due = self.store.due_retries(conn, self.sink_config.name, self.retry_chunk)
         if not due:
             conn.commit()
             return
         attempts = {pos: a for pos, _, a in due}
         groups = {pos: g for pos, g, _ in due}
         batch = self.store.load_positions(conn, [pos for pos, _, _ in due])
-        out, stage_failed = self._stage(batch, self._schemas(conn))
+        out, stage_failed = self.stager.stage(batch, self.stager.schemas(conn))
         failed_at = {pos: err for pos, _, err in stage_failed}
         messages = messages_from(out)
         kept = {position_of(m) for m in messages} | set(failed_at)
@@ -118,7 +122,7 @@ class Parking:
             m.group = groups[position_of(m)]
         # Nothing is sent behind a message of its group that the stage could not process.
         sendable, _ = split_held(messages, (), [(pos, groups[pos]) for pos in failed_at])
-        sent = self._deliver(sendable)  # retries are behind the offset: no position to keep back
+        sent = self.send(sendable)  # retries are behind the offset: no position to keep back
         results = dict(zip(map(position_of, sendable), sent, strict=True))
         results.update(failed_at)
         failed_groups: set[str | None] = set()
@@ -137,14 +141,14 @@ class Parking:
             failed_groups.add(group)
             tried.append(pos)
             # A destination that answered nobody is down: the attempt is not the message's fault.
-            counted = self._live.counts(pos, err) and not isinstance(err, NotIsolated)
+            counted = self.live.counts(pos, err) and not isinstance(err, NotIsolated)
             tries = attempts[pos] + (1 if counted else 0)
             if limit is not None and tries > limit:
                 self.store.discard(conn, name, pos, f"gave up after {tries - 1} retries: {err}")
                 stats.discarded += 1
             else:
                 self.store.park(conn, name, [(pos, group, err, tries)], [self._delay(max(1, tries))])
-        self._live.tried(tried)
-        self._live.forget(resolved)
+        self.live.tried(tried)
+        self.live.forget(resolved)
         self.store.resolve(conn, name, resolved)
         conn.commit()

@@ -1,4 +1,4 @@
-"""Relaying runs of typed reads to a sink that writes them as they are: a mixin of the Deliverer.
+"""Relaying runs of typed reads to a sink that writes them as they are: the Deliverer's relay.
 
 A run of typed reads at the head of the sink's log (state/typed_log.py) is streamed from the state
 database's COPY into the sink's (``deliver_typed_run``) and the offset advanced past it, with no message per
@@ -14,6 +14,7 @@ import logging
 import psycopg
 
 from cdc_pipeline.config import SinkConfig
+from cdc_pipeline.delivery.offset import OffsetKeeper
 from cdc_pipeline.delivery.outage import Liveness
 from cdc_pipeline.delivery.stats import DeliveryStats
 from cdc_pipeline.sinks.base import Sink
@@ -23,14 +24,16 @@ from cdc_pipeline.state.typed_log import TypedRun
 log = logging.getLogger(__name__)
 
 
-class Relaying:
-    sink_config: SinkConfig
-    store: Store
-    sink: Sink | None
-    _live: Liveness
-    _waiting: bool
+class Relay:
+    def __init__(self, sink_config: SinkConfig, store: Store, sink: Sink, live: Liveness,
+                 offsets: OffsetKeeper) -> None:
+        self.sink_config = sink_config
+        self.store = store
+        self.sink = sink
+        self.live = live
+        self.offsets = offsets
 
-    def _relay(self, conn: psycopg.Connection, source: psycopg.Connection, run: TypedRun, after: Position,
+    def relay(self, conn: psycopg.Connection, source: psycopg.Connection, run: TypedRun, after: Position,
                stats: DeliveryStats) -> bool:
         """A run of typed reads relayed from the log to a sink that takes it whole (no message per row), when
         none of the sink's groups is parked. False: nothing was delivered (rejected by the destination, or
@@ -38,7 +41,6 @@ class Relaying:
         name = self.sink_config.name
         if self.sink_config.message_grouping and self.store.parked_groups(conn, name):
             return False
-        assert self.sink is not None  # a run is read only for a sink that takes typed rows
         self.sink.hold_position_below(None)  # nothing of the run is parked
         with self.store.relay_rows(source, self.sink_config.tables, after, run, name) as blocks:
             error = self.sink.deliver_typed_run(run, blocks)
@@ -47,13 +49,8 @@ class Relaying:
             log.info("sink %s: a run of %d typed reads was rejected (%s); delivering it message by message",
                      name, run.count, error[:200])
             return False
-        self._live.saw([None])
-        self.store.advance_offset(conn, name, run.last, run.count, 0, 0, run.last_commit_ts)
-        if self._waiting:
-            self.store.set_waiting(conn, name, None)
-            self._waiting = False
-        conn.commit()
+        self.live.saw([None])
         stats.batches += 1
         stats.read += run.count
-        stats.delivered += run.count
+        self.offsets.settle(conn, stats, run.last, run.count, 0, 0, run.last_commit_ts)
         return True

@@ -114,14 +114,14 @@ def replay(config: PipelineConfig, sink_name: str, start: datetime, end: datetim
             while True:
                 batch = load_window(conn, store, tables, sink_name, start, through, after, upto,
                                     deliverer.batch_size)
-                schemas = deliverer._schemas(conn) if batch.num_rows else {}
+                schemas = deliverer.stager.schemas(conn) if batch.num_rows else {}
                 conn.commit()
                 if batch.num_rows == 0:
                     break
                 after = (batch.column("commit_lsn")[-1].as_py(), batch.column("commit_idx")[-1].as_py())
-                out, stage_failed = deliverer._stage(batch, schemas)
+                out, stage_failed = deliverer.stager.stage(batch, schemas)
                 messages = messages_from(out)
-                results = deliverer._deliver(messages)
+                results = deliverer.send(messages)
                 conn.commit()  # http_pull: the queued messages
                 stats.read += batch.num_rows
                 if end is not None and through is None:

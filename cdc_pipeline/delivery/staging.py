@@ -1,11 +1,12 @@
 """The Spark (or Arrow) stage of a batch, and isolating the rows a transform fails on by bisection, so only
-those are parked, not the batch: a mixin of the Deliverer."""
+those are parked, not the batch: the Deliverer's stager."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
 
+import psycopg
 import pyarrow as pa
 from pyspark.errors import AnalysisException, ParseException
 from pyspark.sql import SparkSession
@@ -15,7 +16,9 @@ from cdc_pipeline.core.positions import Position
 from cdc_pipeline.delivery import rows
 from cdc_pipeline.delivery.arrow_stage import run_arrow_stage
 from cdc_pipeline.delivery.enrichment import Enricher
+from cdc_pipeline.delivery.lazy_spark import LazySpark
 from cdc_pipeline.delivery.spark_stage import SinkPlan, empty_output, group_keys, run_stage
+from cdc_pipeline.state.store import Store
 
 log = logging.getLogger("cdc_pipeline.delivery.engine")
 
@@ -34,24 +37,35 @@ class NotIsolated(str):
     __slots__ = ()
 
 
-class Staging:
-    spark: SparkSession
-    plan: SinkPlan
-    sink_config: SinkConfig
-    _key_columns: Callable[[str], tuple[str, ...]]  # the Deliverer's: a table's primary key columns
-    enricher: Enricher | None  # the sink's enrichment query (enrichment.py)
+Schemas = dict[str, list[dict[str, object]]]  # the relations' columns, for a stage that builds records
 
-    def _stage(self, batch: pa.Table, schemas: dict[str, list[dict[str, object]]]
-               ) -> tuple[pa.Table, list[StageFailure]]:
+
+class Stager:
+    """One sink's stage: enrichment, row-stream coalescing, then Arrow or Spark, bisecting runtime failures."""
+
+    def __init__(self, spark: SparkSession | LazySpark, plan: SinkPlan, sink_config: SinkConfig, store: Store,
+                 enricher: Enricher | None, key_columns: Callable[[str], tuple[str, ...]]) -> None:
+        self.spark = spark
+        self.plan = plan
+        self.sink_config = sink_config
+        self.store = store
+        self.enricher = enricher  # the sink's enrichment query (enrichment.py)
+        self.key_columns = key_columns  # a table's primary key columns (row streams' deletes)
+
+    def schemas(self, conn: psycopg.Connection) -> Schemas:
+        """What `stage` needs of the relations: their columns when Spark builds records, else nothing."""
+        return self.store.relation_columns(conn) if self.plan.needs_record else {}
+
+    def stage(self, batch: pa.Table, schemas: Schemas) -> tuple[pa.Table, list[StageFailure]]:
         if self.enricher is not None and batch.num_rows:  # every path: live, parked retries, replays
             batch = self.enricher.enrich(batch)
         if self.sink_config.stream != "rows":
             return self._stage_changes(batch, schemas)
         batch = rows.coalesce(batch, self.sink_config.deletes)  # rows.py: row streams, any sink type
         out, failed = self._stage_changes(batch, schemas)
-        return rows.reshape(out, rows.deleted_keys(batch, self._key_columns)), failed
+        return rows.reshape(out, rows.deleted_keys(batch, self.key_columns)), failed
 
-    def _stage_changes(self, batch: pa.Table, schemas: dict[str, list[dict[str, object]]]
+    def _stage_changes(self, batch: pa.Table, schemas: Schemas
                        ) -> tuple[pa.Table, list[StageFailure]]:
         """Run the Spark stage; when it fails at run time (a transform raising on some row), bisect the
         batch to find the rows that make it fail, so only those are parked, not the batch."""
@@ -60,7 +74,7 @@ class Staging:
         budget = [MAX_STAGE_SPLITS]
         return self._stage_bisect(batch, schemas, budget)
 
-    def _stage_bisect(self, batch: pa.Table, schemas: dict[str, list[dict[str, object]]], budget: list[int]
+    def _stage_bisect(self, batch: pa.Table, schemas: Schemas, budget: list[int]
                       ) -> tuple[pa.Table, list[StageFailure]]:
         try:
             return run_stage(self.spark, self.plan, batch, schemas), []
@@ -82,7 +96,7 @@ class Staging:
             groups = self._groups(batch, schemas)
             return empty_output(), [(pos, groups[pos], error) for pos in groups]
 
-    def _groups(self, batch: pa.Table, schemas: dict[str, list[dict[str, object]]]
+    def _groups(self, batch: pa.Table, schemas: Schemas
                 ) -> dict[Position, str | None]:
         """Each row's ordering group: its `group_columns` group where the table has one (via Spark, as
         the stage computes it), else table and key."""

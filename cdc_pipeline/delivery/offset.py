@@ -1,0 +1,46 @@
+"""The tail of every send: the sink's offset advanced with its counts, a recorded wait for the destination
+cleared, the state transaction committed, the run's figures updated; and that wait recorded (for `status`)
+while a long-running delivery rides through an outage. One place, so a live batch, a relayed run of typed
+reads and whatever sends next settle the same way."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+import psycopg
+
+from cdc_pipeline.delivery.stats import DeliveryStats
+from cdc_pipeline.postgres import session
+from cdc_pipeline.state.store import Position, Store
+
+log = logging.getLogger("cdc_pipeline.delivery.engine")
+
+
+class OffsetKeeper:
+    def __init__(self, store: Store, state_dsn: str, sink: str) -> None:
+        self.store = store
+        self.state_dsn = state_dsn
+        self.sink = sink
+        self.waiting = False  # a wait for the destination is recorded in the state database
+
+    def settle(self, conn: psycopg.Connection, stats: DeliveryStats, last: Position, delivered: int,
+               filtered: int, parked: int, last_ts: datetime | None) -> Position:
+        """Everything up to ``last`` is delivered, filtered out or parked: the offset moves past it."""
+        self.store.advance_offset(conn, self.sink, last, delivered, filtered, parked, last_ts)
+        if self.waiting:
+            self.store.set_waiting(conn, self.sink, None)
+            self.waiting = False
+        conn.commit()
+        stats.delivered += delivered
+        stats.parked += parked
+        return last
+
+    def record_waiting(self, reason: str | None) -> None:
+        """Best effort, on its own connection: the state database may be what is down."""
+        try:
+            with session.connect(self.state_dsn, autocommit=True, statement_timeout_ms=5000) as conn:
+                self.store.set_waiting(conn, self.sink, reason)
+        except psycopg.Error as exc:
+            log.debug("deliver: sink %s: cannot record waiting: %s", self.sink, type(exc).__name__)
+        self.waiting = reason is not None
