@@ -10,8 +10,8 @@ from dagster_pyspark import PySparkResource
 
 from cdc_pipeline.config import ConfigError
 from cdc_pipeline.defs.resources import CdcConfigResource, SinksResource
+from cdc_pipeline.delivery.plan import SinkPlan
 from cdc_pipeline.delivery.replay import ReplayRefused, parse_time, replay
-from cdc_pipeline.delivery.spark_stage import SinkPlan
 
 REPLAY_JOB = "cdc_replay"
 

@@ -14,7 +14,7 @@ import json
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cdc_pipeline.delivery.spark_stage import (
+from cdc_pipeline.delivery.plan import (
     METADATA_TAIL,
     SinkPlan,
     consumer_id,

@@ -20,11 +20,10 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 import psycopg
 import pyarrow as pa
-from pyspark.sql import SparkSession
 
 from cdc_pipeline.backfill.typed import takes_typed
 from cdc_pipeline.config import PipelineConfig, SinkConfig
@@ -38,8 +37,8 @@ from cdc_pipeline.delivery.offset import OffsetKeeper
 from cdc_pipeline.delivery.ordering import position_of, split_held
 from cdc_pipeline.delivery.outage import DestinationDown, Liveness, all_down, transient
 from cdc_pipeline.delivery.parking import RETRY_CHUNK, ParkingLot, messages_from
+from cdc_pipeline.delivery.plan import SinkPlan, empty_output
 from cdc_pipeline.delivery.relay import Relay
-from cdc_pipeline.delivery.spark_stage import SinkPlan, empty_output
 from cdc_pipeline.delivery.staging import StageFailure, Stager
 from cdc_pipeline.delivery.stats import DeliveryStats
 from cdc_pipeline.postgres import session
@@ -50,6 +49,9 @@ from cdc_pipeline.state.base import StateError
 from cdc_pipeline.state.store import LOG_ARROW_SCHEMA, Position, Store
 from cdc_pipeline.state.typed_log import TypedRun
 from cdc_pipeline.state.typed_rows import Columns, shapes_of
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 __all__ = ["Deliverer", "DeliveryStats", "SinkBusy"]
 

@@ -1,16 +1,17 @@
 """The process's Spark session, started when a stage first needs it: a sink without Spark work (a mirror
 without filter, transform or route takes the Arrow or relay path) never starts a JVM, so a restarted
-`deliver` is delivering within a second instead of after the JVM's start. Several deliverers share it."""
+`deliver` is delivering within a second instead of after the JVM's start (pyspark is not even imported).
+Several deliverers share it."""
 
 from __future__ import annotations
 
 import threading
-from typing import Any
-
-from pyspark.sql import SparkSession
+from typing import TYPE_CHECKING, Any
 
 from cdc_pipeline.config import SparkConfig
-from cdc_pipeline.delivery.spark_stage import spark_session
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 
 class LazySpark:
@@ -31,6 +32,8 @@ class LazySpark:
         try:
             with self._lock:
                 if self._session is None:
+                    from cdc_pipeline.delivery.spark_stage import spark_session  # pyspark with the JVM only
+
                     self._session = spark_session(self._config)
                 return self._session
         finally:

@@ -22,7 +22,7 @@ from cdc_pipeline.config import ConfigError, PipelineConfig, redact
 from cdc_pipeline.config.base import qualify
 from cdc_pipeline.core.positions import Position
 from cdc_pipeline.delivery.engine import Deliverer, messages_from, send_lock
-from cdc_pipeline.delivery.spark_stage import SinkPlan
+from cdc_pipeline.delivery.plan import SinkPlan
 from cdc_pipeline.postgres import session
 from cdc_pipeline.sinks.base import Sink
 from cdc_pipeline.state.replay_log import load_window, oldest_retained, trimmed_until

@@ -1,4 +1,5 @@
 """The Spark part of delivery: filter, transform, route and group one micro-batch of the change log.
+Imported only when a stage needs Spark (pyspark's import alone costs a third of a second of start-up).
 
 Input is an Arrow table of log rows; output is an Arrow table with one row per message to send:
 `commit_lsn, commit_idx, group_key, route, payload, error`. Records stay raw JSON text unless the sink's
@@ -8,28 +9,29 @@ from the relation's column types, one table at a time.
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
-import uuid
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from cdc_pipeline.config import PipelineConfig, SinkConfig, SparkConfig
+from cdc_pipeline.config import SparkConfig
+from cdc_pipeline.delivery.plan import (
+    HIDDEN_COLUMNS,
+    METADATA_TAIL,
+    SinkPlan,
+    consumer_id,
+    empty_output,
+    takes_texts,
+    takes_truncate,
+)
 from cdc_pipeline.postgres.oids import ARRAY_ELEMENT, OID
-from cdc_pipeline.sinks import sink_class
 
-OUTPUT_COLUMNS = ("commit_lsn", "commit_idx", "group_key", "route", "payload")
-# Log batch columns of JSON text spliced into a message's metadata as its last keys, where not null.
-METADATA_TAIL = ("annotations", "enrichment")
 # A null field stays in the message as null (Spark's to_json drops null fields by default).
 _JSON_OPTIONS = {"ignoreNullFields": "false"}
-CHANGE_ACTIONS = ("insert", "update", "delete")
 
 # Types a filter or transform sees typed; every other type is a string (its JSON text for arrays of them).
 _SCALAR_TYPES: dict[int, T.DataType] = {
@@ -73,10 +75,6 @@ def spark_session(config: SparkConfig) -> SparkSession:
     return spark
 
 
-def consumer_id(sink_name: str) -> str:
-    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"cdc_pipeline:sink:{sink_name}"))
-
-
 def spark_type(type_oid: int) -> T.DataType:
     if type_oid in ARRAY_ELEMENT:
         return T.ArrayType(spark_type(ARRAY_ELEMENT[type_oid]))
@@ -85,37 +83,6 @@ def spark_type(type_oid: int) -> T.DataType:
 
 def record_schema(columns: Sequence[dict[str, object]]) -> T.StructType:
     return T.StructType([T.StructField(str(c["name"]), spark_type(int(c["type_oid"]))) for c in columns])  # type: ignore[call-overload]
-
-
-@dataclass(frozen=True)
-class SinkPlan:
-    """A sink's filter/transform/route/grouping, resolved once per run."""
-
-    sink: SinkConfig
-    group_columns: dict[str, list[str]]  # table -> grouping columns from the record
-    python_transform: Callable[[DataFrame], DataFrame] | None
-
-    @classmethod
-    def build(cls, config: PipelineConfig, sink: SinkConfig) -> SinkPlan:
-        groups = {t.qualified: list(t.group_columns) for t in config.tables
-                  if t.group_columns and t.qualified in sink.tables}
-        fn = None
-        if isinstance(sink.transform, str):
-            fn = load_function(sink.transform)
-        return cls(sink, groups, fn)
-
-    @property
-    def needs_record(self) -> bool:
-        s = self.sink
-        return bool(s.filter or s.transform or s.route or (s.message_grouping and self.group_columns))
-
-
-def load_function(ref: str) -> Callable[[DataFrame], DataFrame]:
-    module_name, _, attr = ref.partition(":")
-    fn = getattr(importlib.import_module(module_name), attr)
-    if not callable(fn):
-        raise TypeError(f"transform {ref!r} is not callable")
-    return fn  # type: ignore[no-any-return]
 
 
 def _metadata(sink_name: str) -> Column:
@@ -236,29 +203,6 @@ def run_stage(spark: SparkSession, plan: SinkPlan, batch: pa.Table,
     for p in parts[1:]:
         out = out.unionByName(p)
     return _sorted(out.toArrow())
-
-
-# Columns a python transform's result carries for delivery, not for the message body.
-HIDDEN_COLUMNS = {"commit_lsn", "commit_idx", "group_key", "route", "record_json", "changes_json", "xid", "pk",
-           "table_schema", "table_name", "commit_ts", "backfill_id", "texts", "annotations", "enrichment"}
-_OUTPUT_TYPES = {"commit_lsn": pa.int64(), "commit_idx": pa.int32(), "group_key": pa.string(),
-                 "route": pa.string(), "payload": pa.string()}
-
-
-def empty_output() -> pa.Table:
-    return pa.table({c: pa.array([], t) for c, t in _OUTPUT_TYPES.items()})
-
-
-def takes_truncate(sink: SinkConfig) -> bool:
-    """TRUNCATE is not a message action: only a sink that can act on it (a mirror) is handed it."""
-    return sink_class(sink).takes_truncates(sink)
-
-
-def takes_texts(sink: SinkConfig) -> bool:
-    """A mirror's messages carry the log's ``texts`` (values whose JSON does not give the mirror the source's
-    value back; postgres/pgtypeinfo.py) under a ``texts`` key no consumer sees. Not with a transform: the
-    values it computes are the ones to write."""
-    return sink_class(sink).takes_texts(sink) and not sink.transform
 
 
 def _sorted(table: pa.Table) -> pa.Table:

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import psycopg
 import pyarrow as pa
-from pyspark.errors import AnalysisException, ParseException
-from pyspark.sql import SparkSession
 
 from cdc_pipeline.config import SinkConfig
 from cdc_pipeline.core.positions import Position
@@ -17,15 +16,16 @@ from cdc_pipeline.delivery import rows
 from cdc_pipeline.delivery.arrow_stage import run_arrow_stage
 from cdc_pipeline.delivery.enrichment import Enricher
 from cdc_pipeline.delivery.lazy_spark import LazySpark
-from cdc_pipeline.delivery.spark_stage import SinkPlan, empty_output, group_keys, run_stage
+from cdc_pipeline.delivery.plan import SinkPlan, empty_output
 from cdc_pipeline.state.store import Store
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger("cdc_pipeline.delivery.engine")
 
 # (position, group, error) of a message the Spark stage could not process.
 StageFailure = tuple[Position, str | None, str]
-# Errors that fail every row alike (bad expression, unknown column): not worth bisecting.
-CONFIG_ERRORS: tuple[type[BaseException], ...] = (AnalysisException, ParseException)
 # Spark jobs one batch may spend isolating failing rows: ~2*log2(batch) per poison row. Past it, the
 # rows not yet isolated are parked together (not counted against their retries) instead of failing the run.
 MAX_STAGE_SPLITS = 128
@@ -76,10 +76,14 @@ class Stager:
 
     def _stage_bisect(self, batch: pa.Table, schemas: Schemas, budget: list[int]
                       ) -> tuple[pa.Table, list[StageFailure]]:
+        from pyspark.errors import AnalysisException, ParseException  # a sink with Spark work only (plan.py)
+
+        from cdc_pipeline.delivery.spark_stage import run_stage
+
         try:
             return run_stage(self.spark, self.plan, batch, schemas), []
-        except CONFIG_ERRORS:
-            raise  # a bad expression fails every row: a config problem, not a poison message
+        except (AnalysisException, ParseException):
+            raise  # a bad expression fails every row (unknown column...): a config problem, not a poison message
         except Exception as exc:
             budget[0] -= 1
             cause = f"{type(exc).__name__}: {_cause(exc)}"
@@ -106,6 +110,8 @@ class Stager:
             return {(lsn, idx): None for lsn, idx, _ in rows}
         found: dict[Position, str | None] = {}
         if self.plan.group_columns:
+            from cdc_pipeline.delivery.spark_stage import group_keys
+
             try:
                 found = group_keys(self.spark, self.plan, batch, schemas)
             except Exception as exc:  # the record itself breaks Spark: table and key still order it

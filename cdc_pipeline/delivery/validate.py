@@ -17,7 +17,7 @@ from pyspark.sql import functions as F
 
 from cdc_pipeline.config import PipelineConfig, SinkConfig
 from cdc_pipeline.core.findings import Finding
-from cdc_pipeline.delivery import spark_stage
+from cdc_pipeline.delivery import plan, spark_stage
 from cdc_pipeline.postgres.catalog import ColumnInfo, TableInfo
 from cdc_pipeline.state.store import LOG_ARROW_SCHEMA
 
@@ -100,7 +100,7 @@ def empty_table_frame(spark: SparkSession, columns: Sequence[ColumnInfo], sink_n
 
 def _python_transform(frame: DataFrame, ref: str) -> str | None:
     try:
-        fn = spark_stage.load_function(ref)
+        fn = plan.load_function(ref)
     except Exception as exc:  # ImportError, AttributeError, TypeError: all "cannot be used"
         return f"cannot load: {type(exc).__name__}: {first_line(exc)}"
     try:
@@ -112,7 +112,7 @@ def _python_transform(frame: DataFrame, ref: str) -> str | None:
     missing = [c for c in _STAGE_COLUMNS if c not in result.columns]
     if missing:
         return f"its result lacks column(s) {', '.join(missing)}, which delivery needs"
-    visible = [c for c in result.columns if c not in spark_stage.HIDDEN_COLUMNS]
+    visible = [c for c in result.columns if c not in plan.HIDDEN_COLUMNS]
     return _analyze(lambda: result.select(*_STAGE_COLUMNS, F.to_json(F.struct(*visible))))
 
 

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from cdc_pipeline.config import parse_config
 from cdc_pipeline.delivery import rows
 from cdc_pipeline.delivery.arrow_stage import run_arrow_stage
-from cdc_pipeline.delivery.spark_stage import SinkPlan
+from cdc_pipeline.delivery.plan import SinkPlan
 
 _CONFIG = """\
 source: {dsn: "postgresql://app@db.example/app"}

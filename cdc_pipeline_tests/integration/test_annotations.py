@@ -13,7 +13,8 @@ from cdc_pipeline.admin.setup import setup
 from cdc_pipeline.backfill.engine import Backfiller, BackfillRequest
 from cdc_pipeline.capture import annotations
 from cdc_pipeline.delivery.arrow_stage import run_arrow_stage
-from cdc_pipeline.delivery.spark_stage import SinkPlan, run_stage
+from cdc_pipeline.delivery.plan import SinkPlan
+from cdc_pipeline.delivery.spark_stage import run_stage
 from cdc_pipeline.state.store import Store
 from cdc_pipeline_tests.helpers import drain, mirror_config
 from cdc_pipeline_tests.integration.test_backfill import drain_running

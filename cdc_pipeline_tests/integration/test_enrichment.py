@@ -17,7 +17,8 @@ from cdc_pipeline.config import PipelineConfig
 from cdc_pipeline.delivery.arrow_stage import run_arrow_stage
 from cdc_pipeline.delivery.engine import Deliverer
 from cdc_pipeline.delivery.enrichment import EnrichmentUnavailable
-from cdc_pipeline.delivery.spark_stage import SinkPlan, run_stage
+from cdc_pipeline.delivery.plan import SinkPlan
+from cdc_pipeline.delivery.spark_stage import run_stage
 from cdc_pipeline.state.store import Store
 from cdc_pipeline_tests.conftest import Database
 from cdc_pipeline_tests.helpers import drain

@@ -30,7 +30,8 @@ from psycopg import sql
 from cdc_pipeline.admin.setup import setup
 from cdc_pipeline.cli import main
 from cdc_pipeline.config import PipelineConfig, load_config
-from cdc_pipeline.delivery.spark_stage import SinkPlan, consumer_id, run_stage
+from cdc_pipeline.delivery.plan import SinkPlan, consumer_id
+from cdc_pipeline.delivery.spark_stage import run_stage
 from cdc_pipeline.state.store import Position, Store
 from cdc_pipeline_tests.conftest import Database, _drop
 from cdc_pipeline_tests.helpers import deliver, drain
