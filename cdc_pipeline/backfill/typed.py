@@ -18,15 +18,15 @@ from collections.abc import Sequence
 import psycopg
 
 from cdc_pipeline.config import PipelineConfig, SinkConfig
-from cdc_pipeline.postgres.pgtypeinfo import FIRST_USER_OID, TYPE_SQL
+from cdc_pipeline.postgres.oids import FIRST_USER_OID, OID, OID_ALIASES, NamedOID
+from cdc_pipeline.postgres.pgtypeinfo import TYPE_SQL
 from cdc_pipeline.sinks import sink_class
 from cdc_pipeline.sinks.base import Sink
 from cdc_pipeline.state.typed_rows import Columns
 
-_JSON_PATH_ONLY = {114, 199, 790, 791}  # json, json[], money, money[]
-# OID alias types (regclass, regtype, regproc, regnamespace, ...: element types too) print as names that
-# only the source's catalog resolves: a state database elsewhere cannot parse them back (JSON path).
-_OID_ALIASES = {24, 2202, 2203, 2204, 2205, 2206, 3734, 3769, 4089, 4096, 4191}
+_JSON_PATH_ONLY = frozenset({OID.JSON, OID.JSON_ARRAY, NamedOID.MONEY, NamedOID.MONEY_ARRAY})
+# OID alias types (oids.py: OID_ALIASES; element types too) print as names that only the source's catalog
+# resolves: a state database elsewhere cannot parse them back (JSON path).
 
 # Each non-generated column: name, type as SQL, and whether the type (or an array's element type) is an
 # enum, a built-in type, or something else.
@@ -60,7 +60,7 @@ def typed_columns(conn: psycopg.Connection, schema: str, table: str) -> Columns 
     """The table's typed shape (name, type in the destination), or None when a column keeps the JSON path."""
     out: list[tuple[str, str]] = []
     for name, type_sql, oid, kind, base_oid, is_array in conn.execute(_COLUMN_KINDS, (schema, table)).fetchall():
-        if int(oid) in _JSON_PATH_ONLY or int(base_oid) in _OID_ALIASES:
+        if int(oid) in _JSON_PATH_ONLY or int(base_oid) in OID_ALIASES:
             return None
         if kind == "e":
             out.append((str(name), "text[]" if is_array else "text"))

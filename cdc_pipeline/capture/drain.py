@@ -38,7 +38,7 @@ from cdc_pipeline.core.backoff import next_delay_ms
 from cdc_pipeline.postgres import pgoutput, session
 from cdc_pipeline.postgres.replication import Keepalive, ReplicationStream, XLogData, status_interval
 from cdc_pipeline.postgres.session import SESSION_OPTIONS as SESSION_OPTIONS  # re-exported
-from cdc_pipeline.state.store import Store
+from cdc_pipeline.state import retention
 
 log = logging.getLogger(__name__)
 
@@ -186,8 +186,8 @@ class Drain:
             self._phase = "streaming"
             self._loop(stream, state, source, stats, committed, deadline, until_idle)
             if cfg.state.retention_hours:
-                stats.extra["retention_deleted"] = Store(cfg.state.schema_name).apply_retention(
-                    state, cfg.state.retention_hours, [s.name for s in cfg.sinks])
+                stats.extra["retention_deleted"] = retention.trim_log(
+                    state, cfg.state.schema_name, cfg.state.retention_hours, [s.name for s in cfg.sinks])
                 state.commit()
         finally:
             stats.extra["copies"] = self.writer.copies

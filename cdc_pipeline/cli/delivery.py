@@ -118,17 +118,17 @@ def failed(ctx: click.Context, action: str, message_id: str | None, every: bool,
     Retry/discard exit 1 when no message matched an ID. An http_pull sink's parked message (max_deliveries)
     is available to consumers again after retry; discard deletes it from the queue."""
 
+    from cdc_pipeline.state.failed_messages import FailedMessages
     from cdc_pipeline.state.pull_queue import PullQueue
-    from cdc_pipeline.state.store import Store
 
     config = load(ctx)
     if sink:
         config.sink(sink)  # unknown sink: a clear error
-    store = Store(config.state.schema_name)
+    failed_messages = FailedMessages(config.state.schema_name)
     pull = PullQueue(config.state.schema_name)  # http_pull sinks park in their queue
     with session.connect(config.state_dsn) as conn:
         if action == "list":
-            items = sorted(store.list_failed(conn, sink) + pull.list_parked(conn, sink),
+            items = sorted(failed_messages.list_failed(conn, sink) + pull.list_parked(conn, sink),
                            key=lambda it: (it["sink"], it["commit_lsn"], it["commit_idx"]))
             if as_json:
                 print(json.dumps(items, indent=2, default=str))
@@ -149,10 +149,10 @@ def failed(ctx: click.Context, action: str, message_id: str | None, every: bool,
             position = (int(lsn), int(idx))
         if action == "retry":
             # A message named by ID is revived whatever its status; --all revives parked ones only.
-            n, revived = store.retry_now(conn, sink, position, include_discarded or position is not None)
+            n, revived = failed_messages.retry_now(conn, sink, position, include_discarded or position is not None)
             n += pull.unpark(conn, sink, position)
         else:
-            n, revived = store.discard_now(conn, sink, position) + len(pull.drop_parked(conn, sink, position)), 0
+            n, revived = failed_messages.discard_now(conn, sink, position) + len(pull.drop_parked(conn, sink, position)), 0
         conn.commit()
     if revived:
         print(f"warning: {revived} discarded message(s) revived: each is delivered after the newer versions of "

@@ -83,12 +83,13 @@ def replay(config: PipelineConfig, sink_name: str, start: datetime, end: datetim
         spark = spark_session(config.spark)
     deliverer = Deliverer(config, sink_config, spark, sink=sink)
     store = deliverer.store
+    change_log = store.log
     stats = ReplayStats(sink_name, start, end)
     started = time.monotonic()
     with session.connect(config.state_dsn) as conn:
-        trimmed = trimmed_until(conn, store)
+        trimmed = trimmed_until(conn, change_log)
         if trimmed is not None and start <= trimmed:
-            oldest = oldest_retained(conn, store) or trimmed
+            oldest = oldest_retained(conn, change_log) or trimmed
             raise ReplayRefused(
                 f"sink {sink_name!r}: cannot replay from {start.isoformat()}: retention deleted the log up to "
                 f"{trimmed.isoformat()}; the oldest replayable time is {oldest.isoformat()}")
@@ -112,7 +113,7 @@ def replay(config: PipelineConfig, sink_name: str, start: datetime, end: datetim
             log.info("replaying %s changes committed in [%s, %s) to sink %s (up to its offset %s:%s)",
                      ",".join(tables), start, through or "now", sink_name, *upto)
             while True:
-                batch = load_window(conn, store, tables, sink_name, start, through, after, upto,
+                batch = load_window(conn, change_log, tables, sink_name, start, through, after, upto,
                                     deliverer.batch_size)
                 schemas = deliverer.stager.schemas(conn) if batch.num_rows else {}
                 conn.commit()

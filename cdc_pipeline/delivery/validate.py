@@ -19,7 +19,7 @@ from cdc_pipeline.config import PipelineConfig, SinkConfig
 from cdc_pipeline.core.findings import Finding
 from cdc_pipeline.delivery import plan, spark_stage
 from cdc_pipeline.postgres.catalog import ColumnInfo, TableInfo
-from cdc_pipeline.state.store import LOG_ARROW_SCHEMA
+from cdc_pipeline.state.change_log import LOG_ARROW_SCHEMA
 
 # What run_stage selects from the frame after filter/transform/route (a Python transform must keep them).
 _STAGE_COLUMNS = ("commit_lsn", "commit_idx", "group_key", "route")

@@ -8,6 +8,7 @@ from typing import Any
 
 import psycopg
 
+from cdc_pipeline.postgres.oids import FIRST_USER_OID
 from cdc_pipeline.postgres.pgtypeinfo import PgType, unknown
 
 # Storage other than 'p' (plain) means values can be TOASTed out of line.
@@ -201,11 +202,11 @@ FROM pg_attribute a
 WHERE a.attrelid = to_regclass(format('%%I.%%I', %s::text, %s::text)) AND a.attnum > 0 AND NOT a.attisdropped
   AND (a.atttypid IN ('money'::regtype, 'money[]'::regtype)
        OR EXISTS (SELECT 1 FROM pg_cast c WHERE c.castsource = a.atttypid AND c.casttarget = 'jsonb'::regtype
-                  AND a.atttypid >= 16384))
+                  AND a.atttypid >= %s))
 ORDER BY a.attnum
 """
 
 
 def inexact_columns(conn: psycopg.Connection, schema: str, name: str) -> dict[str, str]:
     """Columns (name -> 'money' or 'jsonb cast') whose values are exact only under conditions (see _INEXACT)."""
-    return {str(r[0]): str(r[1]) for r in conn.execute(_INEXACT, (schema, name)).fetchall()}
+    return {str(r[0]): str(r[1]) for r in conn.execute(_INEXACT, (schema, name, FIRST_USER_OID)).fetchall()}

@@ -17,9 +17,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Final
 
-from cdc_pipeline.postgres.oids import OID
+from cdc_pipeline.postgres.oids import FIRST_USER_OID, OID
 
-FIRST_USER_OID: Final = 16384  # FirstNormalObjectId: types from here on are user-defined
 # format_type of a built-in type: words, a typmod (a scale may be negative: numeric(3,-6)), array brackets.
 TYPE_SQL: Final = re.compile(r'[a-z][a-z0-9_ ]*(\([0-9, -]+\))?[a-z ]*(\[\])*|"char"(\[\])*')
 

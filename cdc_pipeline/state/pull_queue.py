@@ -66,7 +66,7 @@ class PullQueue(SchemaStore):
 
     # -- parked messages, for `failed list|retry|discard` (one place for every sink type) ----------
     def list_parked(self, conn: psycopg.Connection, consumer: str | None) -> list[dict[str, object]]:
-        """Parked messages in the shape of Store.list_failed's rows. A parked pull message is not
+        """Parked messages in the shape of FailedMessages.list_failed's rows. A parked pull message is not
         retried on its own: `retry` makes it available again, `discard` deletes it (freeing its group)."""
         rows = conn.execute(sql.SQL(
             "SELECT consumer, commit_lsn, commit_idx, group_key, deliveries, enqueued_at FROM {}.pull_queue "

@@ -8,6 +8,7 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from cdc_pipeline.postgres.catalog import ColumnInfo, TableInfo
 from cdc_pipeline.postgres.pgtypeinfo import PgType, mirror_plan
 
 
@@ -32,6 +33,28 @@ def recorded_primary_key(conn: psycopg.Connection, schema: str, table_schema: st
     row = conn.execute(sql.SQL("SELECT primary_key FROM {}.relations WHERE table_schema = %s AND table_name = %s")
                        .format(sql.Identifier(schema)), (table_schema, table_name)).fetchone()
     return tuple(row[0]) if row and row[0] else ()
+
+
+def relation_columns(conn: psycopg.Connection, schema: str) -> dict[str, list[dict[str, object]]]:
+    """Each recorded table ("schema.table") with its columns, as column_record made them."""
+    rows = conn.execute(sql.SQL("SELECT table_schema || '.' || table_name, columns FROM {}.relations")
+                        .format(sql.Identifier(schema))).fetchall()
+    return {r[0]: r[1] for r in rows}
+
+
+def table_info(conn: psycopg.Connection, schema: str, table: str) -> TableInfo | None:
+    """A recorded table ("schema.table") described as the catalog describes a table; None if unrecorded."""
+    table_schema, _, name = table.partition(".")
+    row = conn.execute(sql.SQL(
+        "SELECT columns, primary_key, replica_identity FROM {}.relations "
+        "WHERE table_schema = %s AND table_name = %s").format(sql.Identifier(schema)), (table_schema, name)).fetchone()
+    if row is None:
+        return None
+    columns, pk, identity = row
+    return TableInfo(table_schema, name, tuple(
+        ColumnInfo(c["name"], c.get("type_sql") or "text", int(c["type_oid"]), False, c["name"] in pk,
+                   c.get("mirror_type"))
+        for c in columns), tuple(pk), identity or "d")
 
 
 def column_record(name: str, type_oid: int, type_sql: str | None, key: bool,

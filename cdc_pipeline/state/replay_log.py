@@ -9,28 +9,29 @@ import psycopg
 import pyarrow as pa
 from psycopg import sql
 
-from cdc_pipeline.state.store import _SELECT, Position, Store, _copy_arrow
+from cdc_pipeline.state.base import Position
+from cdc_pipeline.state.change_log import ChangeLog
 
 
-def trimmed_until(conn: psycopg.Connection, store: Store) -> datetime | None:
+def trimmed_until(conn: psycopg.Connection, log: ChangeLog) -> datetime | None:
     """The newest commit time retention has deleted from the log; None if it never deleted anything."""
-    row = conn.execute(sql.SQL("SELECT trimmed_until FROM {}.log_trimmed").format(store.s)).fetchone()
+    row = conn.execute(sql.SQL("SELECT trimmed_until FROM {}.log_trimmed").format(log.s)).fetchone()
     return row[0] if row else None
 
 
-def oldest_retained(conn: psycopg.Connection, store: Store) -> datetime | None:
-    row = conn.execute(sql.SQL("SELECT min(commit_ts) FROM {}.change_log").format(store.s)).fetchone()
+def oldest_retained(conn: psycopg.Connection, log: ChangeLog) -> datetime | None:
+    row = conn.execute(sql.SQL("SELECT min(commit_ts) FROM {}.change_log").format(log.s)).fetchone()
     return row[0] if row else None
 
 
-def load_window(conn: psycopg.Connection, store: Store, tables: Sequence[str], sink: str, start: datetime,
+def load_window(conn: psycopg.Connection, log: ChangeLog, tables: Sequence[str], sink: str, start: datetime,
                 end: datetime | None, after: Position, upto: Position, limit: int) -> pa.Table:
     """The sink's log rows committed in [start, end), after `after` and up to `upto`, in commit order.
     Commit order is position order and commit times grow with it, so the window is a position range."""
-    query = sql.SQL(
-        _SELECT + "WHERE commit_ts >= %s AND (%s::timestamptz IS NULL OR commit_ts < %s) "
+    where = sql.SQL(
+        "WHERE commit_ts >= %s AND (%s::timestamptz IS NULL OR commit_ts < %s) "
         "AND (commit_lsn, commit_idx) > (%s, %s) AND (commit_lsn, commit_idx) <= (%s, %s) "
         "AND table_schema || '.' || table_name = ANY(%s) {routing}"
-        "ORDER BY commit_lsn, commit_idx LIMIT %s").format(store.s, routing=store._routing(sink))
-    return _copy_arrow(conn, query, (start, end, end, after[0], after[1], upto[0], upto[1], list(tables), sink,
-                                     limit))
+        "ORDER BY commit_lsn, commit_idx LIMIT %s").format(routing=log.routing(sink))
+    return log.select(conn, where, (start, end, end, after[0], after[1], upto[0], upto[1], list(tables), sink,
+                                    limit))

@@ -36,6 +36,14 @@ def load(state: psycopg.Connection, schema: str, slot: str) -> int | None:
     return int(row[0]) if row else None
 
 
+def heartbeat(state: psycopg.Connection, schema: str, slot: str) -> tuple[int, float | None]:
+    """(committed LSN, seconds since the drain last committed to the log) for a slot; (0, None) if never."""
+    row = state.execute(sql.SQL(
+        "SELECT committed_lsn, extract(epoch FROM now() - last_heartbeat_at)::float8 "
+        "FROM {}.slot_progress WHERE slot = %s").format(sql.Identifier(schema)), (slot,)).fetchone()
+    return (int(row[0]), row[1]) if row else (0, None)
+
+
 def skip_gap(state: psycopg.Connection, schema: str, table_schema: str, table_name: str,
              at: tuple[int, int], ts: datetime, backfill_id: str) -> None:
     """A `truncate` of a table at a gap's position, before the backfill that repairs it (capture/gap.py)."""

@@ -335,3 +335,19 @@ def test_reg_columns_are_not_resolved_in_a_separate_state_database(db_factory, w
     with psycopg.connect(dest.dsn) as conn:
         record = conn.execute("SELECT message->'record' FROM appended.regs").fetchone()[0]
     assert record == {"id": 1, "rc": "app.only_here", "rt": "mood", "rn": "app", "ra": ["app.only_here", "pg_class"]}
+
+
+def test_json_money_and_oid_alias_columns_keep_the_json_path(source_db: Any) -> None:
+    """json (its NUL escapes), money (lc_monetary) and the reg* OID aliases (names only the source's catalog
+    resolves), arrays of them too, send the whole table down the JSON path; built-in types and enums do not."""
+    from cdc_pipeline.backfill.typed import typed_columns
+
+    kept = ["json", "json[]", "money", "money[]", "regproc", "regprocedure", "regoper", "regoperator", "regclass",
+            "regtype[]", "regconfig", "regdictionary", "regnamespace", "regrole", "regcollation"]
+    source_db.execute("CREATE TYPE mood AS ENUM ('ok');" + "".join(
+        f"CREATE TABLE public.k{i} (id int PRIMARY KEY, v {kind});" for i, kind in enumerate(kept))
+        + "CREATE TABLE public.plain (id int PRIMARY KEY, v text[], m mood[])")
+    with source_db.connect() as conn:
+        for i, kind in enumerate(kept):
+            assert typed_columns(conn, "public", f"k{i}") is None, kind
+        assert typed_columns(conn, "public", "plain") == (("id", "integer"), ("v", "text[]"), ("m", "text[]"))

@@ -24,7 +24,7 @@ from cdc_pipeline.postgres import session
 from cdc_pipeline.postgres.catalog import ColumnInfo, TableInfo, describe_table
 from cdc_pipeline.postgres.compose import execute
 from cdc_pipeline.postgres.keyset import parse_qualified
-from cdc_pipeline.postgres.pgtypeinfo import FIRST_USER_OID
+from cdc_pipeline.postgres.oids import FIRST_USER_OID
 from cdc_pipeline.sinks.base import NOT_SENT, OutboundMessage, Sink, SinkConfigLike, SinkUnavailable
 from cdc_pipeline.sinks.postgres import OFFSETS_SCHEMA, typed
 from cdc_pipeline.sinks.postgres.grants import grant_findings

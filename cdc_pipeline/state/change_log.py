@@ -1,0 +1,161 @@
+"""Reads of the change log for delivery: batches after a sink's offset, counts, its head and its lag."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager
+
+import psycopg
+import pyarrow as pa
+import pyarrow.csv as pacsv
+from psycopg import sql
+
+from cdc_pipeline.core.positions import END, START
+from cdc_pipeline.state import typed_log, typed_rows
+from cdc_pipeline.state.base import Position, SchemaStore
+
+LOG_ARROW_SCHEMA = pa.schema([
+    ("commit_lsn", pa.int64()), ("commit_idx", pa.int32()), ("xid", pa.int64()),
+    ("table_schema", pa.string()), ("table_name", pa.string()), ("action", pa.string()),
+    ("pk", pa.string()), ("record", pa.string()), ("changes", pa.string()),
+    ("commit_ts", pa.timestamp("us", tz="UTC")), ("backfill_id", pa.string()),
+    ("texts", pa.string()),  # values' texts for a mirror (postgres/pgtypeinfo.py: TextRule), mostly null
+    ("annotations", pa.string()),  # the transaction's annotation (capture/annotations.py), mostly null
+])
+# With the typed row of a read (state/typed_rows.py) for sinks that take it as it is.
+LOG_ARROW_SCHEMA_TYPED = LOG_ARROW_SCHEMA.append(pa.field("tup", pa.string()))
+# commit_ts travels as microseconds since the epoch: a plain integer for the CSV reader. A typed read's
+# record is made from its typed row here, for every consumer that did not ask for typed rows.
+_COLUMNS = ("SELECT commit_lsn, commit_idx, xid, table_schema, table_name, action, pk, {record}, "
+            "changes::text, (extract(epoch FROM commit_ts) * 1000000)::bigint, backfill_id, texts::text, "
+            "annotations::text{tup} "
+            "FROM {{0}}.change_log ")
+_SELECT = _COLUMNS.format(
+    record="CASE WHEN tup IS NULL THEN record::text ELSE {0}.typed_record(backfill_id, tup)::text END", tup="")
+_SELECT_TYPED = _COLUMNS.format(record="record::text", tup=", tup")
+
+
+def copy_arrow(conn: psycopg.Connection, query: sql.Composable, params: Sequence[object],
+               schema: pa.Schema = LOG_ARROW_SCHEMA) -> pa.Table:
+    """Run a log SELECT as COPY ... CSV and parse it with Arrow's C++ reader: several times faster
+    than building Python tuples, and the batch is wanted as Arrow anyway."""
+    buf = io.BytesIO()
+    with conn.cursor() as cur, cur.copy(sql.SQL("COPY ({}) TO STDOUT WITH (FORMAT csv)").format(query),
+                                        params) as copy:
+        for chunk in copy:
+            buf.write(chunk)
+    if buf.tell() == 0:
+        return schema.empty_table()
+    buf.seek(0)
+    table = pacsv.read_csv(
+        buf,
+        read_options=pacsv.ReadOptions(column_names=schema.names, block_size=1 << 24),
+        parse_options=pacsv.ParseOptions(newlines_in_values=True),
+        # PostgreSQL's CSV: an unquoted empty field is NULL, a quoted one ("") the empty string.
+        convert_options=pacsv.ConvertOptions(
+            column_types={f.name: (pa.int64() if f.name == "commit_ts" else f.type) for f in schema},
+            null_values=[""], strings_can_be_null=True, quoted_strings_can_be_null=False),
+    )
+    ts = table.column("commit_ts").cast(pa.timestamp("us", tz="UTC"))
+    return table.set_column(table.schema.get_field_index("commit_ts"), "commit_ts", ts)
+
+
+def _sink(sink: str | None) -> tuple[str, ...]:
+    return () if sink is None else (sink,)
+
+
+class ChangeLog(SchemaStore):
+    """The `change_log` table as delivery reads it: a sink sees its tables' changes and the backfill reads
+    meant for it (``routing``), in position order."""
+
+    def select(self, conn: psycopg.Connection, where: sql.Composable, params: Sequence[object]) -> pa.Table:
+        """The log rows that ``where`` (the query's tail from WHERE on) selects, as LOG_ARROW_SCHEMA: typed
+        reads with their records made from the typed rows."""
+        return copy_arrow(conn, sql.SQL(_SELECT).format(self.s) + where, params)
+
+    def routing(self, sink: str | None) -> sql.Composable:
+        """Backfill reads reach only the sinks their backfill targets; changes reach every sink. A condition
+        on the sink's name (a parameter, after the tables'), to go after a WHERE."""
+        if sink is None:
+            return sql.SQL("")
+        return sql.SQL("AND (backfill_id IS NULL OR backfill_id IN "
+                       "(SELECT id FROM {}.backfills WHERE %s = ANY(sinks))) ").format(self.s)
+
+    def load_batch(self, conn: psycopg.Connection, tables: Sequence[str], after: Position, limit: int,
+                   sink: str | None = None, max_bytes: int | None = None, typed: bool = False) -> pa.Table:
+        """Up to ``limit`` messages after ``after``; with ``max_bytes``, also stop once the messages so far
+        hold that many bytes of record and changes JSON (always at least one message). ``typed``: typed
+        reads keep their typed row (column ``tup``, record null) instead of being turned into JSON."""
+        where = sql.SQL("WHERE (commit_lsn, commit_idx) > (%s, %s) AND table_schema || '.' || table_name = ANY(%s) "
+                        "{routing}ORDER BY commit_lsn, commit_idx LIMIT %s").format(routing=self.routing(sink))
+        params: tuple[object, ...] = (after[0], after[1], list(tables), *_sink(sink), limit)
+        # Typed reads are loaded as they are; for JSON they are turned into records here (typed_rows.py).
+        select = _SELECT_TYPED
+        if max_bytes is None:
+            query: sql.Composable = sql.SQL(select).format(self.s) + where
+        else:
+            # The running total of sizes decides (a truncate has no record: size 0, never NULL, or the
+            # comparison would drop it), then the text.
+            size = ("coalesce(octet_length(l.record::text), octet_length(l.tup), 0) "
+                    "+ coalesce(octet_length(l.changes::text), 0)")
+            query = sql.SQL(select.replace("{0}.change_log", "(")).format(self.s) + sql.SQL(
+                f"SELECT l.*, sum({size}) OVER (ORDER BY l.commit_lsn, l.commit_idx ROWS UNBOUNDED PRECEDING) "
+                f"AS _total, {size} AS _bytes FROM (SELECT * FROM {{}}.change_log ").format(self.s) + where + sql.SQL(
+                ") l) b WHERE b._total - b._bytes < %s ORDER BY commit_lsn, commit_idx")
+            params = (*params, max_bytes)
+        typed_log.scan_in_log_order(conn)
+        batch = copy_arrow(conn, query, params, LOG_ARROW_SCHEMA_TYPED)
+        return batch if typed else typed_rows.with_records(conn, self.schema, batch)
+
+    def head_run(self, conn: psycopg.Connection, tables: Sequence[str], after: Position, limit: int,
+                 sink: str) -> typed_log.TypedRun | None:
+        """The run of typed reads, or of other messages, at the head of a sink's log (state/typed_log.py)."""
+        return typed_log.head_run(conn, self.schema, self.routing(sink), (list(tables), sink), after, limit)
+
+    def relay_rows(self, conn: psycopg.Connection, tables: Sequence[str], after: Position, run: typed_log.TypedRun,
+                   sink: str) -> AbstractContextManager[Iterator[bytes]]:
+        """A typed run's rows as COPY text blocks, for a sink that writes them as they are."""
+        return typed_log.relay_rows(conn, self.schema, self.routing(sink), (list(tables), sink), after, run)
+
+    def load_positions(self, conn: psycopg.Connection, positions: Sequence[Position]) -> pa.Table:
+        return self.select(conn, sql.SQL(
+            "WHERE (commit_lsn, commit_idx) IN (SELECT * FROM unnest(%s::bigint[], %s::int[])) "
+            "ORDER BY commit_lsn, commit_idx"), ([p[0] for p in positions], [p[1] for p in positions]))
+
+    def log_head(self, conn: psycopg.Connection, tables: Sequence[str], sink: str | None = None) -> Position:
+        row = conn.execute(sql.SQL(
+            "SELECT commit_lsn, commit_idx FROM {}.change_log WHERE table_schema || '.' || table_name = ANY(%s) "
+            "{routing}ORDER BY commit_lsn DESC, commit_idx DESC LIMIT 1").format(self.s, routing=self.routing(sink)),
+            (list(tables), *_sink(sink))).fetchone()
+        return (int(row[0]), int(row[1])) if row else START
+
+    def count_after(self, conn: psycopg.Connection, tables: Sequence[str], after: Position,
+                    sink: str | None = None, upto: Position | None = None) -> int:
+        """A sink's messages after ``after`` (and up to ``upto``, when given)."""
+        last = upto or END
+        row = conn.execute(sql.SQL(
+            "SELECT count(*) FROM {}.change_log WHERE (commit_lsn, commit_idx) > (%s, %s) "
+            "AND (commit_lsn, commit_idx) <= (%s, %s) "
+            "AND table_schema || '.' || table_name = ANY(%s) {routing}").format(self.s, routing=self.routing(sink)),
+            (after[0], after[1], last[0], last[1], list(tables), *_sink(sink))).fetchone()
+        return int(row[0]) if row else 0
+
+    def backlog(self, conn: psycopg.Connection, tables: Sequence[str], after: Position, sink: str, limit: int) -> int:
+        """Like count_after, but stops counting at ``limit`` (cheap enough to ask often)."""
+        row = conn.execute(sql.SQL(
+            "SELECT count(*) FROM (SELECT 1 FROM {}.change_log WHERE (commit_lsn, commit_idx) > (%s, %s) "
+            "AND table_schema || '.' || table_name = ANY(%s) {routing}LIMIT %s) t").format(
+                self.s, routing=self.routing(sink)),
+            (after[0], after[1], list(tables), *_sink(sink), limit)).fetchone()
+        return int(row[0]) if row else 0
+
+    def oldest_age(self, conn: psycopg.Connection, tables: Sequence[str], after: Position,
+                   sink: str | None = None) -> float | None:
+        """Seconds since the commit of the first message after ``after`` (a sink's lag), None if none."""
+        row = conn.execute(sql.SQL(
+            "SELECT extract(epoch FROM now() - commit_ts)::float8 FROM {}.change_log "
+            "WHERE (commit_lsn, commit_idx) > (%s, %s) AND table_schema || '.' || table_name = ANY(%s) "
+            "{routing}ORDER BY commit_lsn, commit_idx LIMIT 1").format(self.s, routing=self.routing(sink)),
+            (after[0], after[1], list(tables), *_sink(sink))).fetchone()
+        return max(0.0, float(row[0])) if row and row[0] is not None else None
