@@ -18,7 +18,7 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from cdc_pipeline.core.positions import START, Position
+from cdc_pipeline.core.positions import Position
 
 MAX_LANES = 64
 
