@@ -13,8 +13,8 @@ from dagster import AssetKey, DagsterInstance, RunRequest, build_sensor_context
 
 from cdc_pipeline.admin.setup import setup
 from cdc_pipeline.defs.capture import DRAIN_JOB
-from cdc_pipeline.defs.delivery import SINK_TAG
 from cdc_pipeline.defs.health import PARKED_CHECK, SINK_LAG_CHECK, SLOT_LAG_CHECK
+from cdc_pipeline.defs.tags import AFTER_TAG, SINK_TAG
 from cdc_pipeline.state.store import Store
 from cdc_pipeline_tests.helpers import assert_mirrored, drain, mirror_config
 
@@ -189,8 +189,6 @@ def _started(instance, defs, job, tags):  # type: ignore[no-untyped-def]
 def test_handover_to_a_warm_successor_near_the_end_of_a_run(source_db, db_factory, write_config, tmp_path):
     """Near a run's planned end the sensor starts its successor, which waits (warm) for the predecessor
     to finish and then takes over: the stream has no start-up gap, and runs stay one per run_minutes."""
-    from cdc_pipeline.defs.runs import AFTER_TAG
-
     dest = db_factory()
     source_db.execute("CREATE TABLE t (id int PRIMARY KEY)")
     data = mirror_config(source_db.dsn, dest.dsn, ["public.t"])
