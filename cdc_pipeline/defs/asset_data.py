@@ -84,7 +84,7 @@ class ApiCollectionData:
 
     @property
     def name(self) -> str:
-        return f"{self.source.name}/{self.collection.name.strip('/')}"
+        return f"{self.source.name}.{self.collection.name.strip('/').replace('/', '_')}"
 
 
 AssetData = SourceTableData | ChangeLogData | SnapshotData | SinkData | ApiCollectionData
