@@ -117,7 +117,8 @@ def source_tables(pipeline: PipelineConfig) -> list[str]:
 
 
 def asset_args(spec: AssetSpec) -> dict[str, Any]:
-    """The `@asset` arguments that make an asset of `spec` (kinds travel in its tags)."""
+    """The `@asset` arguments that make an asset of `spec` (kinds travel in its tags). Partitions come
+    from the table's config, not from the spec."""
     return {"key": spec.key, "deps": spec.deps, "group_name": spec.group_name, "description": spec.description,
             "metadata": spec.metadata, "tags": spec.tags, "owners": spec.owners, "code_version": spec.code_version,
-            "automation_condition": spec.automation_condition}
+            "automation_condition": spec.automation_condition, "freshness_policy": spec.freshness_policy}
