@@ -13,7 +13,9 @@ from dagster import (
     AssetKey,
     AssetObservation,
     AssetsDefinition,
+    AssetSpec,
     Config,
+    Definitions,
     MaterializeResult,
     MetadataValue,
     asset,
@@ -25,7 +27,9 @@ from cdc_pipeline.api_sync import lag
 from cdc_pipeline.api_sync.loop import ApiSync
 from cdc_pipeline.config import PipelineConfig, redact
 from cdc_pipeline.config.api_sources import ApiCollectionConfig, ApiSourceConfig
+from cdc_pipeline.defs.asset_data import ApiCollectionData
 from cdc_pipeline.defs.resources import CdcConfigResource
+from cdc_pipeline.defs.translator import CdcTranslator, asset_args
 
 CHECK_NAME = "max_lag_within_ceiling"
 
@@ -33,10 +37,6 @@ CHECK_NAME = "max_lag_within_ceiling"
 class ApiSyncRunConfig(Config):
     max_seconds: float | None = None  # stop after this long (default: once caught up)
     progress_seconds: float = 5.0
-
-
-def api_asset_key(source: str, collection: str) -> AssetKey:
-    return AssetKey(["api_sync", source, collection.strip("/").replace("/", "_")])
 
 
 def collection_metadata(pipeline: PipelineConfig, source: str, collection: str) -> dict[str, Any]:
@@ -62,17 +62,10 @@ def collection_metadata(pipeline: PipelineConfig, source: str, collection: str) 
     }
 
 
-def build_api_asset(source: ApiSourceConfig, coll: ApiCollectionConfig) -> AssetsDefinition:
-    key = api_asset_key(source.name, coll.name)
+def build_api_asset(source: ApiSourceConfig, coll: ApiCollectionConfig, spec: AssetSpec) -> AssetsDefinition:
+    key = spec.key
 
-    @asset(
-        key=key,
-        group_name="api_sync",
-        description=f"{source.type} API collection {coll.name} of source {source.name} -> {coll.table}: "
-                    "backfill of all history (resumes from its checkpoint), then changes since the cursor.",
-        tags={"cdc_pipeline/kind": "api_sync"},
-        kinds={source.type if source.type != "rest" else "api", "postgres"},
-    )
+    @asset(**asset_args(spec))
     def _sync(context: AssetExecutionContext, config: ApiSyncRunConfig, cdc: CdcConfigResource) -> MaterializeResult:
         pipeline = cdc.load()
         sync = ApiSync(pipeline, source=source.name, collections=[coll.name])
@@ -100,8 +93,8 @@ def build_api_asset(source: ApiSourceConfig, coll: ApiCollectionConfig) -> Asset
     return _sync
 
 
-def build_lag_check(source: ApiSourceConfig, coll: ApiCollectionConfig) -> Any:
-    @asset_check(asset=api_asset_key(source.name, coll.name), name=CHECK_NAME,
+def build_lag_check(source: ApiSourceConfig, coll: ApiCollectionConfig, key: AssetKey) -> Any:
+    @asset_check(asset=key, name=CHECK_NAME,
                  description="The collection's lag (now minus the start of its last completed poll) is within "
                              "max_lag_seconds (default: twice the computed max lag)")
     def _check(context: AssetCheckExecutionContext, cdc: CdcConfigResource) -> AssetCheckResult:
@@ -119,14 +112,16 @@ def build_lag_check(source: ApiSourceConfig, coll: ApiCollectionConfig) -> Any:
     return _check
 
 
-def api_sync_definitions(pipeline: PipelineConfig) -> tuple[list[Any], list[Any], list[Any]]:
-    """(assets, asset checks, jobs): per collection an asset and its lag check; per source a job."""
+def api_sync_definitions(pipeline: PipelineConfig, translator: CdcTranslator) -> Definitions:
+    """Per collection an asset and its lag check; per source a job."""
     assets, checks, jobs = [], [], []
     for source in pipeline.api_sources:
+        keys = []
         for coll in source.collections:
-            assets.append(build_api_asset(source, coll))
-            checks.append(build_lag_check(source, coll))
-        jobs.append(define_asset_job(f"api_sync_{source.name.replace('-', '_')}",
-                                     selection=[api_asset_key(source.name, c.name) for c in source.collections],
+            spec = translator.get_asset_spec(ApiCollectionData(pipeline, source, coll))
+            assets.append(build_api_asset(source, coll, spec))
+            checks.append(build_lag_check(source, coll, spec.key))
+            keys.append(spec.key)
+        jobs.append(define_asset_job(f"api_sync_{source.name.replace('-', '_')}", selection=keys,
                                      description=f"Sync every collection of API source {source.name}"))
-    return assets, checks, jobs
+    return Definitions(assets=assets, asset_checks=checks, jobs=jobs)

@@ -25,10 +25,12 @@ from dagster import (
     AssetExecutionContext,
     AssetKey,
     AssetsDefinition,
+    AssetSpec,
     Backoff,
     Config,
     DailyPartitionsDefinition,
     DefaultScheduleStatus,
+    Definitions,
     Failure,
     HourlyPartitionsDefinition,
     Jitter,
@@ -49,13 +51,13 @@ from dagster import (
 from cdc_pipeline.backfill.engine import Backfiller, BackfillRequest, Progress
 from cdc_pipeline.config import ConfigError, PipelineConfig, TableConfig, redact
 from cdc_pipeline.config.errors import without_secrets
+from cdc_pipeline.defs.asset_data import SnapshotData
 from cdc_pipeline.defs.resources import CdcConfigResource
-from cdc_pipeline.defs.translator import CdcTranslator
+from cdc_pipeline.defs.tags import BACKFILL_TAGS
+from cdc_pipeline.defs.translator import CdcTranslator, asset_args
 from cdc_pipeline.postgres import session
 from cdc_pipeline.state.backfills import BackfillInfo, BackfillStore
 
-KIND_TAG = "cdc_pipeline/kind"  # dagster.yaml limits runs tagged backfill to 2 at a time
-BACKFILL_TAGS = {KIND_TAG: "backfill"}
 POOL = "cdc_backfill"  # op concurrency pool, for instances that limit pools
 CHECK_NAME = "backfill_completed"
 INTEGER_PARTITIONS = 100  # integer partitions without a step: this many ranges
@@ -72,11 +74,6 @@ class BackfillRunConfig(Config):
     sinks: list[str] = []  # empty: every sink that receives the table
     max_query_ms: int | None = None  # empty: backfill.max_query_ms from cdc.yaml
     wait_if_busy: bool = True  # another live backfill of the table and a sink: wait instead of failing
-
-
-def backfill_asset_key(table: TableConfig, translator: CdcTranslator | None = None) -> AssetKey:
-    """The table's snapshot in the change log (its rows as read messages): what a backfill produces."""
-    return (translator or CdcTranslator()).snapshot_key(table)
 
 
 def backfill_job_name(table: TableConfig) -> str:
@@ -124,24 +121,10 @@ def window_of(context: AssetExecutionContext, table: TableConfig) -> tuple[str |
     return (window.start.astimezone(UTC).isoformat(sep=" "), window.end.astimezone(UTC).isoformat(sep=" "))
 
 
-def build_backfill_asset(table: TableConfig, translator: CdcTranslator) -> AssetsDefinition:
-    key = backfill_asset_key(table, translator)
-    partitions = partitions_for(table)
-    what = (f"windows of {table.sort_column} ({table.partitions.kind} partitions)" if table.partitions
-            else "the whole table, by primary key")
+def build_backfill_asset(table: TableConfig, spec: AssetSpec) -> AssetsDefinition:
+    """The table's snapshot in the change log (its rows as read messages): what a backfill produces."""
 
-    @asset(
-        key=key,
-        deps=[translator.source_key(table.qualified)],
-        group_name="cdc",
-        partitions_def=partitions,
-        description=f"Backfills {table.qualified} to its sinks as read messages: {what}. Runs alongside the "
-                    "drain without stale reads; resumes from its checkpoint after a failure.",
-        retry_policy=BACKFILL_RETRY,
-        tags=BACKFILL_TAGS,
-        kinds={"postgres"},
-        pool=POOL,
-    )
+    @asset(**asset_args(spec), partitions_def=partitions_for(table), retry_policy=BACKFILL_RETRY, pool=POOL)
     def _backfill(context: AssetExecutionContext, config: BackfillRunConfig, cdc: CdcConfigResource) -> MaterializeResult:
         pipeline = cdc.load()
         start, end = window_of(context, table)
@@ -180,9 +163,7 @@ def _metadata(result: Progress) -> dict[str, object]:
     return meta
 
 
-def build_backfill_check(table: TableConfig, translator: CdcTranslator) -> AssetChecksDefinition:
-    key = backfill_asset_key(table, translator)
-
+def build_backfill_check(table: TableConfig, key: AssetKey) -> AssetChecksDefinition:
     @asset_check(asset=key, name=CHECK_NAME, description=f"The last backfill of {table.qualified} completed")
     def _check(context: AssetCheckExecutionContext, cdc: CdcConfigResource) -> AssetCheckResult:
         pipeline = cdc.load()
@@ -206,8 +187,8 @@ def last_backfill(pipeline: PipelineConfig, table: TableConfig) -> BackfillInfo 
         return next((i for i in store.list(conn, limit=200) if i.table == table.qualified), None)
 
 
-def build_backfill_job(table: TableConfig, translator: CdcTranslator) -> Any:
-    return define_asset_job(backfill_job_name(table), selection=[backfill_asset_key(table, translator)], tags=BACKFILL_TAGS,
+def build_backfill_job(table: TableConfig, key: AssetKey) -> Any:
+    return define_asset_job(backfill_job_name(table), selection=[key], tags=BACKFILL_TAGS,
                             description=f"Backfill {table.qualified}")
 
 
@@ -222,20 +203,16 @@ def build_backfill_schedule(job: Any, table: TableConfig) -> Any:
                     f"{table.qualified}")
 
 
-def backfill_definitions(pipeline: PipelineConfig, translator: CdcTranslator | None = None
-                         ) -> tuple[list[object], list[object], list[object], list[object]]:
-    """(assets, asset checks, jobs, schedules) for every configured table."""
-    assets: list[object] = []
-    checks: list[object] = []
-    jobs: list[object] = []
-    schedules: list[object] = []
-    translator = translator or CdcTranslator()
+def backfill_definitions(pipeline: PipelineConfig, translator: CdcTranslator) -> Definitions:
+    """Per configured table: its snapshot asset, check and job, and its schedule when time-partitioned."""
+    assets, checks, jobs, schedules = [], [], [], []
     for table in pipeline.tables:
-        assets.append(build_backfill_asset(table, translator))
-        checks.append(build_backfill_check(table, translator))
-        job = build_backfill_job(table, translator)
+        spec = translator.get_asset_spec(SnapshotData(pipeline, table))
+        assets.append(build_backfill_asset(table, spec))
+        checks.append(build_backfill_check(table, spec.key))
+        job = build_backfill_job(table, spec.key)
         jobs.append(job)
         schedule = build_backfill_schedule(job, table)
         if schedule is not None:
             schedules.append(schedule)
-    return assets, checks, jobs, schedules
+    return Definitions(assets=assets, asset_checks=checks, jobs=jobs, schedules=schedules)

@@ -1,5 +1,5 @@
-"""The change log asset, materialized by the long-lived `cdc_drain` run, and the drain sensor that
-keeps one such run alive.
+"""Capture: the source tables (specs only), the change log asset, materialized by the long-lived
+`cdc_drain` run, and the drain sensor that keeps one such run alive.
 
 The sensor owns the drain's life without streaming in its own evaluation: each tick (every few
 seconds, a couple of cheap queries) it sees whether a drain run is active, starts one when none is,
@@ -19,8 +19,10 @@ from dagster import (
     AssetKey,
     AssetMaterialization,
     AssetsDefinition,
+    AssetSpec,
     Config,
     DefaultSensorStatus,
+    Definitions,
     MaterializeResult,
     SensorDefinition,
     SensorEvaluationContext,
@@ -35,13 +37,15 @@ from dagster import (
 from cdc_pipeline.capture.drain import Drain, DrainStats
 from cdc_pipeline.config import PipelineConfig
 from cdc_pipeline.config.errors import describe_error
+from cdc_pipeline.defs.asset_data import ChangeLogData, SourceTableData
 from cdc_pipeline.defs.health import slot_check, slot_figures, slot_lag_spec
 from cdc_pipeline.defs.resources import CdcConfigResource
-from cdc_pipeline.defs.runs import AFTER_TAG, KIND_TAG, NO_RUN_RETRIES, next_run, wait_for_predecessor
+from cdc_pipeline.defs.runs import next_run, wait_for_predecessor
 from cdc_pipeline.defs.streaming import stream_while
+from cdc_pipeline.defs.tags import AFTER_TAG, DRAIN_TAGS, NO_RUN_RETRIES
+from cdc_pipeline.defs.translator import CdcTranslator, asset_args, source_tables
 
 DRAIN_JOB = "cdc_drain"
-DRAIN_TAGS = {KIND_TAG: "drain"}  # dagster.yaml: at most two drain runs (one streams, one taking over)
 EVENT_SECONDS = 5.0  # how often a running drain records the log's figures and the slot-lag check
 
 
@@ -60,14 +64,10 @@ def drain_figures(pipeline: PipelineConfig, stats: DrainStats | None = None) -> 
     return out
 
 
-def build_change_log_asset(key: AssetKey, sources: list[AssetKey]) -> AssetsDefinition:
-    @asset(
-        key=key, deps=sources, group_name="cdc", kinds={"postgres"}, tags=DRAIN_TAGS,
-        check_specs=[slot_lag_spec(key)],
-        description="Ordered change log in the state database: the drain streams the replication slot "
-                    "into it and acknowledges the slot after each commit. Materializing it runs the drain "
-                    "for drain.run_minutes; the cdc_drain_sensor keeps one such run alive.",
-    )
+def build_change_log_asset(spec: AssetSpec) -> AssetsDefinition:
+    key = spec.key
+
+    @asset(**asset_args(spec), check_specs=[slot_lag_spec(key)])
     def _change_log(context: AssetExecutionContext, config: DrainRunConfig, cdc: CdcConfigResource) -> Iterator[Any]:
         pipeline = cdc.load()
         wait_for_predecessor(context, context.log)
@@ -131,3 +131,12 @@ def build_drain_sensor(job: Any, key: AssetKey, interval: int = 5) -> SensorDefi
         return SensorResult(run_requests=[request], asset_events=events)
 
     return _sensor
+
+
+def capture_definitions(pipeline: PipelineConfig, translator: CdcTranslator) -> Definitions:
+    """The source tables, the change log with its slot-lag check, the drain job and its sensor."""
+    sources = [translator.get_asset_spec(SourceTableData(pipeline, t)) for t in source_tables(pipeline)]
+    change_log = translator.get_asset_spec(ChangeLogData(pipeline))
+    job = build_drain_job(change_log.key)
+    return Definitions(assets=[*sources, build_change_log_asset(change_log)], jobs=[job],
+                       sensors=[build_drain_sensor(job, change_log.key)])

@@ -18,8 +18,10 @@ from dagster import (
     AssetKey,
     AssetMaterialization,
     AssetsDefinition,
+    AssetSpec,
     Config,
     DefaultSensorStatus,
+    Definitions,
     MaterializeResult,
     SensorDefinition,
     SensorEvaluationContext,
@@ -32,15 +34,17 @@ from dagster import (
 
 from cdc_pipeline.config import PipelineConfig, SinkConfig
 from cdc_pipeline.config.errors import describe_error
+from cdc_pipeline.defs.asset_data import SinkData
 from cdc_pipeline.defs.health import sink_check_specs, sink_checks, sink_figures
 from cdc_pipeline.defs.resources import CdcConfigResource, SinksResource, SparkResource
-from cdc_pipeline.defs.runs import AFTER_TAG, KIND_TAG, NO_RUN_RETRIES, next_run, wait_for_predecessor
+from cdc_pipeline.defs.runs import next_run, wait_for_predecessor
 from cdc_pipeline.defs.streaming import stream_while
+from cdc_pipeline.defs.tags import AFTER_TAG, NO_RUN_RETRIES, delivery_run_tags
+from cdc_pipeline.defs.translator import CdcTranslator, asset_args
 from cdc_pipeline.delivery.engine import Deliverer, DeliveryStats
 from cdc_pipeline.postgres import session
 from cdc_pipeline.state.store import Store
 
-SINK_TAG = "cdc_pipeline/sink"
 EVENT_SECONDS = 5.0  # how often a running delivery records its figures
 CHECK_SECONDS = 15.0  # and its lag checks (or sooner when one flips)
 SENSOR_CHECK_SECONDS = 30.0  # the sensor records a lagging sink's checks when no run is alive to
@@ -58,15 +62,10 @@ def delivery_job_name(sink_name: str) -> str:
     return f"deliver_{sink_name.replace('-', '_')}"
 
 
-def build_sink_asset(sink: SinkConfig, key: AssetKey, deps: list[AssetKey], metadata: dict[str, str]
-                     ) -> AssetsDefinition:
-    @asset(
-        key=key, deps=deps, group_name="sink", metadata=metadata, kinds={"spark", sink.destination.type},
-        description=f"What sink {sink.name} ({sink.destination.type}) holds: the change log of "
-                    f"{', '.join(sink.tables)} through its filter and transform. Materializing it runs a "
-                    "delivery for delivery.run_minutes; the cdc_delivery_sensor keeps one alive while it lags.",
-        check_specs=sink_check_specs(key), tags={KIND_TAG: "delivery"},
-    )
+def build_sink_asset(sink: SinkConfig, spec: AssetSpec) -> AssetsDefinition:
+    key = spec.key
+
+    @asset(**asset_args(spec), check_specs=sink_check_specs(key))
     def _deliver(context: AssetExecutionContext, config: DeliveryRunConfig, cdc: CdcConfigResource,
                  pyspark: SparkResource, sinks: SinksResource) -> Iterator[Any]:
         pipeline = cdc.load()
@@ -119,7 +118,7 @@ def _stopped(name: str, result: Any) -> str:
 def build_delivery_job(sink: SinkConfig, key: AssetKey) -> Any:
     return define_asset_job(
         delivery_job_name(sink.name), selection=[key],
-        tags={SINK_TAG: sink.name, KIND_TAG: "delivery", **NO_RUN_RETRIES},
+        tags={**delivery_run_tags(sink.name), **NO_RUN_RETRIES},
         executor_def=in_process_executor, description=f"Delivers the change log to sink {sink.name} (long-lived)")
 
 
@@ -149,7 +148,7 @@ def build_delivery_sensor(jobs: list[Any], keys: dict[str, AssetKey], interval: 
             # A first run when none is active (after a backoff if the last ones failed), or the successor
             # of a run near its end. No run key: Dagster skips a run key it has seen, and an idle source
             # with parked messages coming due would repeat one; next_run checked the active runs.
-            request = next_run(context, delivery_job_name(name), {SINK_TAG: name, KIND_TAG: "delivery"},
+            request = next_run(context, delivery_job_name(name), delivery_run_tags(name),
                                pipeline.delivery.run_minutes * 60)
             if isinstance(request, str):
                 continue
@@ -164,3 +163,11 @@ def build_delivery_sensor(jobs: list[Any], keys: dict[str, AssetKey], interval: 
                             skip_reason=None if requests else "every sink is caught up or already running")
 
     return _sensor
+
+
+def delivery_definitions(pipeline: PipelineConfig, translator: CdcTranslator) -> Definitions:
+    """Per sink its asset (with its lag checks) and delivery job; the delivery sensor over them all."""
+    specs = {s.name: translator.get_asset_spec(SinkData(pipeline, s)) for s in pipeline.sinks}
+    jobs = [build_delivery_job(s, specs[s.name].key) for s in pipeline.sinks]
+    return Definitions(assets=[build_sink_asset(s, specs[s.name]) for s in pipeline.sinks], jobs=jobs,
+                       sensors=[build_delivery_sensor(jobs, {name: spec.key for name, spec in specs.items()})])

@@ -5,11 +5,11 @@ optionally one table; the op runs the same code as `cdc-pipeline replay` (delive
 before the retained log fails the run with the oldest replayable time.
 """
 
-from dagster import Config, Failure, JobDefinition, MetadataValue, OpExecutionContext, job, op
-from dagster_pyspark import PySparkResource
+from dagster import Config, Definitions, Failure, MetadataValue, OpExecutionContext, job, op
 
 from cdc_pipeline.config import ConfigError
-from cdc_pipeline.defs.resources import CdcConfigResource, SinksResource
+from cdc_pipeline.defs.resources import CdcConfigResource, SinksResource, SparkResource
+from cdc_pipeline.defs.tags import REPLAY_TAGS
 from cdc_pipeline.delivery.plan import SinkPlan
 from cdc_pipeline.delivery.replay import ReplayRefused, parse_time, replay
 
@@ -23,9 +23,9 @@ class ReplayConfig(Config):
     table: str | None = None  # only this table's changes
 
 
-@op(name="replay_window", tags={"cdc_pipeline/kind": "replay"})
+@op(name="replay_window", tags=REPLAY_TAGS)
 def replay_op(context: OpExecutionContext, config: ReplayConfig, cdc: CdcConfigResource,
-              pyspark: PySparkResource, sinks: SinksResource) -> None:
+              pyspark: SparkResource, sinks: SinksResource) -> None:
     pipeline = cdc.load()
     try:
         sink_config = pipeline.sink(config.sink)
@@ -49,5 +49,5 @@ def replay_job() -> None:
     replay_op()
 
 
-def build_replay_job() -> JobDefinition:
-    return replay_job
+def replay_definitions() -> Definitions:
+    return Definitions(jobs=[replay_job])

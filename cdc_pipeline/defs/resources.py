@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dagster import ConfigurableResource
+from dagster import ConfigurableResource, Definitions
 from pyspark.sql import SparkSession
 
 from cdc_pipeline.config import PipelineConfig, load_config
@@ -48,3 +48,11 @@ def pyspark_resource(config: PipelineConfig) -> SparkResource:
     prepare_environment()
     assert config.path is not None, "the Dagster code location loads its config from a file"
     return SparkResource(config_path=config.path)
+
+
+def resource_definitions(config: PipelineConfig) -> Definitions:
+    """`cdc` (the config), `pyspark` (the Spark session) and `sinks`: what every area's assets and ops use."""
+    assert config.path is not None, "the Dagster code location loads its config from a file"
+    return Definitions(resources={"cdc": CdcConfigResource(config_path=config.path),
+                                  "pyspark": pyspark_resource(config),
+                                  "sinks": SinksResource(config_path=config.path)})

@@ -15,11 +15,8 @@ from typing import Any
 
 from dagster import DagsterRunStatus, RunRequest, RunsFilter, SensorEvaluationContext
 
-KIND_TAG = "cdc_pipeline/kind"
-# Dagster's run retries (dagster.yaml) are for backfills; a streaming run that failed is restarted by its
-# sensor (with backoff), and a retry beside that restart would be a second drain or delivery.
-NO_RUN_RETRIES = {"dagster/max_retries": "0"}
-AFTER_TAG = "cdc_pipeline/after"  # a successor run: the id of the run it takes over from
+from cdc_pipeline.defs.tags import AFTER_TAG, SENSOR_NAME_TAG
+
 ACTIVE = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
           DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
 MAX_RESTART_BACKOFF = 60.0
@@ -54,7 +51,7 @@ def next_run(context: SensorEvaluationContext, job_name: str, tags: dict[str, st
     if len(active) > 1 or run.status != DagsterRunStatus.STARTED or active[0].start_time is None:
         return f"{job_name} run {run.run_id} is active"
     left = active[0].start_time + run_seconds - time.time()
-    if left > HANDOVER_SECONDS or run.tags.get("dagster/sensor_name") is None:
+    if left > HANDOVER_SECONDS or run.tags.get(SENSOR_NAME_TAG) is None:
         return f"{job_name} run {run.run_id} is streaming ({max(0.0, left):.0f} s left)"
     return RunRequest(job_name=job_name, tags={**tags, AFTER_TAG: run.run_id})
 

@@ -47,8 +47,10 @@ INTRO = """\
 `workspace.yaml` loads `cdc_pipeline.definitions`, which builds everything below from your `cdc.yaml`
 (`$CDC_CONFIG`, else `./cdc.yaml`): per table, per sink and per API collection. This page is generated
 from what `build_definitions` makes of the example config at the end, with its names written as patterns
-(`<schema>/<table>`, `<sink>`, ...). Keys come from `CdcTranslator` (`cdc_pipeline/defs/translator.py`):
-subclass it to rename or regroup. How the runs behave: [Dagster](../explanation/dagster.md).
+(`<schema>/<table>`, `<sink>`, ...). Every asset's key, group, description, kinds and tags come from
+`CdcTranslator.get_asset_spec` (`cdc_pipeline/defs/translator.py`): subclass it, or give the component a
+`translation`, to rename or regroup ([how](../explanation/dagster.md#renaming-regrouping-annotating-assets)).
+How the runs behave: [Dagster](../explanation/dagster.md).
 
 """
 

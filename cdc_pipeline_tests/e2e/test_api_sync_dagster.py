@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import time
 
-from dagster import DagsterInstance, build_asset_check_context
+from dagster import AssetKey, DagsterInstance, build_asset_check_context
 
 from cdc_pipeline.defs import build_definitions
-from cdc_pipeline.defs.api_sync import CHECK_NAME, api_asset_key
+from cdc_pipeline.defs.api_sync import CHECK_NAME
 from cdc_pipeline_tests.api_fakes import FakeApi
 from cdc_pipeline_tests.integration.test_api_sync import api_config, rest_source
 
@@ -22,7 +22,7 @@ def test_api_sync_asset_run_metadata_and_lag_check(source_db, write_config, tmp_
                                     "fields": {"subject": "text"}}], max_lag_seconds=30)
         write_config(api_config(source_db.dsn, source))
         defs = build_definitions(str(tmp_path / "cdc.yaml"))
-        key = api_asset_key("tickets", "tickets")
+        key = AssetKey(["api_sync", "tickets", "tickets"])
         job = defs.resolve_job_def("api_sync_tickets")
         with DagsterInstance.ephemeral() as instance:
             run = job.execute_in_process(instance=instance, run_config={

@@ -10,10 +10,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import psycopg
-from dagster import DagsterEventType, DagsterInstance, build_schedule_context
+from dagster import AssetKey, DagsterEventType, DagsterInstance, build_schedule_context
 
 from cdc_pipeline.admin.setup import setup
-from cdc_pipeline.defs.backfill import BACKFILL_TAGS, CHECK_NAME, backfill_asset_key, backfill_job_name
+from cdc_pipeline.defs.backfill import CHECK_NAME, backfill_job_name
+from cdc_pipeline.defs.tags import BACKFILL_TAGS
 from cdc_pipeline.state.backfills import BackfillStore
 from cdc_pipeline_tests.helpers import deliver, rows
 from cdc_pipeline_tests.integration.test_backfill import backfill_config, drain_running, log_reads
@@ -103,7 +104,7 @@ def test_failed_run_keeps_its_checkpoint_and_the_retry_resumes(source_db, db_fac
     setup(config)
     defs = _defs(tmp_path / "cdc.yaml")
     job = defs.resolve_job_def(backfill_job_name(config.tables[0]))
-    asset = defs.resolve_assets_def(backfill_asset_key(config.tables[0]))
+    asset = defs.resolve_assets_def(AssetKey(["cdc", "snapshot", "public", "big"]))
     store = BackfillStore("cdc_pipeline")
     killed: dict[str, int] = {}
 

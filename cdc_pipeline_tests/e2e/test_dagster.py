@@ -13,8 +13,8 @@ from dagster import AssetKey, DagsterInstance, RunRequest, build_sensor_context
 
 from cdc_pipeline.admin.setup import setup
 from cdc_pipeline.defs.capture import DRAIN_JOB
-from cdc_pipeline.defs.delivery import SINK_TAG
 from cdc_pipeline.defs.health import PARKED_CHECK, SINK_LAG_CHECK, SLOT_LAG_CHECK
+from cdc_pipeline.defs.tags import AFTER_TAG, SINK_TAG
 from cdc_pipeline.state.store import Store
 from cdc_pipeline_tests.helpers import assert_mirrored, drain, mirror_config
 
@@ -62,6 +62,11 @@ def test_lineage_source_tables_change_log_sinks(source_db, db_factory, write_con
 
 
 def test_long_lived_drain_and_delivery_runs(source_db, db_factory, write_config, tmp_path):
+    """Through a translator that renames and regroups every asset: the runs materialize and check the
+    renamed assets (and the sink's run its own, renamed, upstream is the renamed change log)."""
+    from cdc_pipeline.defs import build_definitions
+    from cdc_pipeline_tests.unit.test_dagster_translator import RenamingTranslator, acme
+
     dest = db_factory()
     source_db.execute("CREATE TABLE orders (id int PRIMARY KEY, status text, amount numeric)")
     config = write_config(mirror_config(source_db.dsn, dest.dsn, ["public.orders"]))
@@ -69,26 +74,33 @@ def test_long_lived_drain_and_delivery_runs(source_db, db_factory, write_config,
     source_db.execute("INSERT INTO orders SELECT g, 'new', g * 1.5 FROM generate_series(1, 500) g")
     source_db.execute("UPDATE orders SET status = 'paid' WHERE id % 3 = 0")
     source_db.execute("DELETE FROM orders WHERE id % 10 = 0")
-    defs = _defs(tmp_path / "cdc.yaml")
+    defs = build_definitions(str(tmp_path / "cdc.yaml"), RenamingTranslator())
+    log, sink = acme("change_log", "change_log"), acme("sink", "mirror")
+    assert defs.resolve_asset_graph().get(sink).parent_keys == {log, acme("snapshot", "public", "orders")}
     with DagsterInstance.ephemeral() as instance:
         run = defs.resolve_job_def(DRAIN_JOB).execute_in_process(
-            instance=instance, run_config={"ops": {"cdc__change_log": {"config": {"max_seconds": 7}}}})
+            instance=instance, run_config={"ops": {log.to_python_identifier(): {"config": {"max_seconds": 7}}}})
         assert run.success
         mats = [e.materialization for e in run.get_asset_materialization_events()]
         assert len(mats) >= 2 and mats[-1].metadata["drained_changes"].value == 500 + 166 + 50
+        assert {m.asset_key for m in mats} == {log}
         checks = run.get_asset_check_evaluations()
         assert len(checks) >= 2 and all(c.passed and c.check_name == SLOT_LAG_CHECK for c in checks)
+        assert {c.asset_key for c in checks} == {log}
 
         # A delivery run streams (not until idle): it keeps polling and records its figures meanwhile.
         run = defs.resolve_job_def("deliver_mirror").execute_in_process(
-            instance=instance, run_config={"ops": {"sink__mirror": {"config": {"max_seconds": 12}}}})
+            instance=instance, run_config={"ops": {sink.to_python_identifier(): {"config": {"max_seconds": 12}}}})
         assert run.success
         mats = [e.materialization for e in run.get_asset_materialization_events()]
+        assert {m.asset_key for m in mats} == {sink}
+        assert instance.get_latest_materialization_event(sink) is not None
         assert mats[-1].metadata["messages_delivered"].value == 716
         assert mats[-1].metadata["lag_messages"].value == 0 and mats[-1].metadata["lag_seconds"].value == 0
         assert len(mats) >= 2, "progress is recorded while the run streams, not only at its end"
         checks = run.get_asset_check_evaluations()
         assert {c.check_name for c in checks} == {SINK_LAG_CHECK, PARKED_CHECK} and all(c.passed for c in checks)
+        assert {c.asset_key for c in checks} == {sink}
     assert assert_mirrored(source_db.dsn, "public.orders", dest.dsn, "mirror.orders") == 450
 
 
@@ -189,8 +201,6 @@ def _started(instance, defs, job, tags):  # type: ignore[no-untyped-def]
 def test_handover_to_a_warm_successor_near_the_end_of_a_run(source_db, db_factory, write_config, tmp_path):
     """Near a run's planned end the sensor starts its successor, which waits (warm) for the predecessor
     to finish and then takes over: the stream has no start-up gap, and runs stay one per run_minutes."""
-    from cdc_pipeline.defs.runs import AFTER_TAG
-
     dest = db_factory()
     source_db.execute("CREATE TABLE t (id int PRIMARY KEY)")
     data = mirror_config(source_db.dsn, dest.dsn, ["public.t"])

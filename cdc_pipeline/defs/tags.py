@@ -1,0 +1,37 @@
+"""Every Dagster tag (and `dagster/` metadata key) the pipeline writes or reads, in one place.
+
+`dagster.yaml`'s tag concurrency limits read `KIND_TAG` (drain, backfill) and `SINK_TAG`: renaming
+one here means changing it there too.
+"""
+
+from __future__ import annotations
+
+KIND_TAG = "cdc_pipeline/kind"  # what a run (or asset) does: one of the kinds below
+SINK_TAG = "cdc_pipeline/sink"  # a delivery run's sink: at most two runs per sink (a handover)
+AFTER_TAG = "cdc_pipeline/after"  # a successor run: the id of the run it takes over from
+
+DRAIN = "drain"
+DELIVERY = "delivery"
+BACKFILL = "backfill"
+REPLAY = "replay"
+API_SYNC = "api_sync"
+
+DRAIN_TAGS = {KIND_TAG: DRAIN}  # dagster.yaml: at most two drain runs (one streams, one taking over)
+BACKFILL_TAGS = {KIND_TAG: BACKFILL}  # dagster.yaml: at most two backfill runs at a time
+DELIVERY_TAGS = {KIND_TAG: DELIVERY}
+REPLAY_TAGS = {KIND_TAG: REPLAY}
+API_SYNC_TAGS = {KIND_TAG: API_SYNC}
+
+# Dagster's own tags and metadata keys.
+MAX_RETRIES_TAG = "dagster/max_retries"
+SENSOR_NAME_TAG = "dagster/sensor_name"  # set by Dagster on a run a sensor requested
+TABLE_NAME = "dagster/table_name"  # asset metadata: the table an asset is
+
+# Dagster's run retries (dagster.yaml) are for backfills; a streaming run that failed is restarted by its
+# sensor (with backoff), and a retry beside that restart would be a second drain or delivery.
+NO_RUN_RETRIES = {MAX_RETRIES_TAG: "0"}
+
+
+def delivery_run_tags(sink_name: str) -> dict[str, str]:
+    """The tags of a delivery run of one sink (the sensor's requests and the job's own tags)."""
+    return {SINK_TAG: sink_name, **DELIVERY_TAGS}
