@@ -11,6 +11,7 @@ from typing import Any
 import psycopg
 
 from cdc_pipeline.config import PipelineConfig
+from cdc_pipeline.core.positions import position_text
 from cdc_pipeline.delivery.backlog import problem as backlog_problem
 from cdc_pipeline.postgres import catalog, session
 from cdc_pipeline.sinks import sink_class
@@ -61,6 +62,12 @@ def collect(config: PipelineConfig) -> dict[str, Any]:
                 "waiting_for_destination": offset["waiting_reason"] if offset else None,
                 "waiting_since": offset["waiting_since"].isoformat() if offset and offset["waiting_since"] else None,
             }
+            if offset and "lanes" in offset:  # core/lanes.py: each lane's own progress
+                out["sinks"][sink.name]["lanes"] = [{
+                    "lane": r["lane"], "offset": position_text(r["position"]), "delivered": r["delivered"],
+                    # Log messages after the lane's offset, all lanes' (an upper bound of its own).
+                    "behind_messages": store.count_after(conn, sink.tables, r["position"], sink=sink.name),
+                    "waiting_for_destination": r["waiting_reason"]} for r in offset["lanes"]]
             out["sinks"][sink.name].update(sink_class(sink).status(sink, conn, schema))
             stopped = backlog_problem(config, sink, store.oldest_age(conn, sink.tables, pos, sink=sink.name))
             if stopped:

@@ -27,20 +27,24 @@ from cdc_pipeline.postgres import session
 @click.command(cls=Verb, short_help="deliver the change log to sinks", epilog=examples(
     "cdc-pipeline deliver                                  # every sink at once, until SIGTERM/SIGINT/SIGHUP",
     "cdc-pipeline deliver --sink orders_mirror --until-idle",
+    "cdc-pipeline deliver --sink hook --lane 1              # one lane of a sink with `lanes: N`",
     "cdc-pipeline deliver --sink hook --dry-run --output messages.jsonl"))
 @config_option
 @click.option("--sink", help="one sink (default: all, at once)")
+@click.option("--lane", type=click.IntRange(min=0), default=None,
+              help="with --sink: one lane of a sink with `lanes: N` (0 to N-1; default: every lane, at once)")
 @until_options("the sink has caught up")
 @click.option("--dry-run", is_flag=True, help="print what would be sent; touch nothing")
 @click.option("--output", metavar="FILE", help="with --dry-run: write the messages (JSON lines) to this file")
 @metrics_option
 @click.pass_context
-def deliver(ctx: click.Context, sink: str | None, until_idle: bool, seconds: float | None, dry_run: bool,
-            output: str | None, metrics_port: int | None) -> int:
+def deliver(ctx: click.Context, sink: str | None, lane: int | None, until_idle: bool, seconds: float | None,
+            dry_run: bool, output: str | None, metrics_port: int | None) -> int:
     """Deliver the change log to sinks through Spark (filter, transform, route), in commit order per
     group; failed messages are parked and retried. Without --sink every sink is delivered at once, each
     by its own deliverer in this process; Spark starts only when a sink's stage needs it. A dry run prints
-    what is waiting now and stops."""
+    what is waiting now and stops. A sink with `lanes: N` is delivered by N deliverers (its lanes), or only
+    by lane --lane."""
     shutdown = stop_on_signals()  # before the slow part: a signal during start-up is a clean stop
     # pyarrow imports pandas at the first batch (timezone-aware timestamps): ~1 s, imported meanwhile
     # while this thread waits on the databases.
@@ -55,11 +59,15 @@ def deliver(ctx: click.Context, sink: str | None, until_idle: bool, seconds: flo
     sinks = [config.sink(sink)] if sink else list(config.sinks)
     if not sinks:
         raise ConfigError(f"{config.path}: no sinks configured")
+    if lane is not None and (sink is None or lane >= sinks[0].lanes):
+        raise ConfigError(f"--lane {lane}: " + ("give --sink too" if sink is None else
+                          f"sink {sink!r} has lanes 0 to {sinks[0].lanes - 1} (`lanes: {sinks[0].lanes}`)"))
+    lanes = [(one, i) for one in sinks for i in ([lane] if lane is not None else range(one.lanes))]
     spark = LazySpark(config.spark)
     out = open(output, "w") if output else sys.stdout  # noqa: SIM115 - closed below
     ops = None
     try:
-        deliverers = [Deliverer(config, one, spark, dry_run=dry_run, dry_run_out=out) for one in sinks]
+        deliverers = [Deliverer(config, one, spark, dry_run=dry_run, dry_run_out=out, lane=i) for one, i in lanes]
         for deliverer in deliverers:
             shutdown.on_stop(deliverer.stop)
         ops = None if dry_run else start_ops(config, metrics_port, lambda: list(deliverers),
@@ -71,7 +79,7 @@ def deliver(ctx: click.Context, sink: str | None, until_idle: bool, seconds: flo
         else:
             try:
                 all_stats = run_together(deliverers, lambda d: d.run(until_idle=once, seconds=seconds),
-                                         [one.name for one in sinks], shutdown.requested,
+                                         [d.lane.name for d in deliverers], shutdown.requested,
                                          lambda alive: spark.waiting >= alive)
             except Abandoned as left:
                 # Only Spark's start-up is left: nothing was sent yet, so stopping now loses nothing.

@@ -242,6 +242,10 @@ class PipelineConfig(StrictModel):
                 )
             else:
                 first_sink[sink.name] = i
+            if sink.lanes > 1 and self.state.max_backlog_hours is not None:
+                # A resync moves one offset past the backlog; lanes have several (core/lanes.py).
+                problems.append((("sinks", i, "lanes"), "lanes above 1 cannot be combined with "
+                                 "state.max_backlog_hours"))
             for j, name in enumerate(sink.tables):
                 if name not in first_table:
                     problems.append(

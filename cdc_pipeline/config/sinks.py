@@ -12,6 +12,7 @@ from pydantic import (
 from cdc_pipeline.config.base import CALLABLE_RE, Name, StrictModel, qualify
 from cdc_pipeline.config.destinations import Destination
 from cdc_pipeline.config.errors import Loc, fail, kind_of
+from cdc_pipeline.core.lanes import MAX_LANES
 
 
 class BackoffConfig(StrictModel):
@@ -79,6 +80,9 @@ class SinkConfig(StrictModel):
     backoff: BackoffConfig = Field(default_factory=BackoffConfig, description="Retry delays of parked messages.")
     batch_size: int | None = Field(default=None, gt=0, description="Messages per delivery batch for this sink; "
                                    "default: `delivery.batch_size`.")
+    lanes: int = Field(default=1, ge=1, le=MAX_LANES, description="Delivery lanes: the sink's messages split by a "
+                       "stable hash of their group, each lane with its own offset, parked messages and process "
+                       "(`deliver --sink S --lane I`, or a Dagster run per lane). Changing it is safe at any time.")
     stream: Literal["changes", "rows"] = Field(default="changes", description="`changes`: every change with "
                                                "`action` and `changes`; `rows`: the latest version of each "
                                                "changed row, coalesced per batch.")

@@ -32,6 +32,7 @@ from cdc_pipeline.core.metrics_registry import BATCH_SECONDS
 from cdc_pipeline.delivery import backlog
 from cdc_pipeline.delivery.dispatch import deliver_in_order
 from cdc_pipeline.delivery.enrichment import Enricher
+from cdc_pipeline.delivery.lane_keeper import LaneKeeper, LockStillHeld, SinkBusy, send_lock
 from cdc_pipeline.delivery.lazy_spark import LazySpark
 from cdc_pipeline.delivery.offset import OffsetKeeper
 from cdc_pipeline.delivery.ordering import position_of, split_held
@@ -53,24 +54,11 @@ from cdc_pipeline.state.typed_rows import Columns, shapes_of
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["Deliverer", "DeliveryStats", "SinkBusy"]
+__all__ = ["Deliverer", "DeliveryStats", "SinkBusy", "send_lock"]
 
 log = logging.getLogger(__name__)
 
 TURN_WAIT_SECONDS = 1.0  # a send waiting for a replay looks at its stop event this often
-
-
-def send_lock(sink: str) -> str:
-    """Held by a delivery around each send and by a replay for its whole run: the two never interleave."""
-    return f"cdc_pipeline.send:{sink}"
-
-
-class SinkBusy(RuntimeError):
-    pass
-
-
-class _LockStillHeld(RuntimeError):
-    """After a reconnect the sink's lock is still held: most likely by our own old session."""
 
 
 @dataclass(frozen=True)
@@ -88,7 +76,8 @@ class Staged:
 
 class Deliverer:
     def __init__(self, config: PipelineConfig, sink_config: SinkConfig, spark: SparkSession | LazySpark,
-                 sink: Sink | None = None, dry_run: bool = False, dry_run_out: IO[str] | None = None) -> None:
+                 sink: Sink | None = None, dry_run: bool = False, dry_run_out: IO[str] | None = None,
+                 lane: int = 0) -> None:
         self.config = config
         self.sink_config = sink_config
         self.spark = spark
@@ -105,16 +94,17 @@ class Deliverer:
         self.enricher = (Enricher(config.source.dsn, sink_config.enrichment, self._key_columns)
                          if sink_config.enrichment else None)  # enrichment.py
         self._stop = threading.Event()
+        self.lane = LaneKeeper(sink_config.name, lane, sink_config.lanes, self.store, self._stop)  # lane_keeper.py
         self._keys: dict[str, tuple[str, ...]] = {}  # row streams: primary key columns per table
         self._resyncs: list[threading.Thread] = []  # backfills re-syncing a row stream (backlog.py)
         self._live = Liveness()  # which failures are the destination's rather than a message's (outage.py)
         self.stats: DeliveryStats | None = None
         # The parts, each given what it needs.
-        self.offsets = OffsetKeeper(self.store, config.state_dsn, sink_config.name)
+        self.offsets = OffsetKeeper(self.store, config.state_dsn, sink_config.name, lane)
         self.stager = Stager(spark, self.plan, sink_config, self.store, self.enricher, self._key_columns)
-        self.parking = ParkingLot(sink_config, self.store, self._live, self.stager, self.send,
+        self.parking = ParkingLot(sink_config, lane, self.store, self._live, self.stager, self.send,
                                   min(self.batch_size, RETRY_CHUNK))
-        self.relay = Relay(sink_config, self.store, self.sink, self._live, self.offsets) if self.sink else None
+        self.relay = Relay(sink_config, lane, self.store, self.sink, self._live, self.offsets) if self.sink else None
 
     def stop(self) -> None:
         self._stop.set()
@@ -124,7 +114,7 @@ class Deliverer:
         rides through its destination or the state database being down: it waits with capped backoff,
         logs and records (for `status`) what it waits for, and resumes from its committed offset. With
         ``until_idle`` such an outage ends the run with the error instead (a one-off catch-up)."""
-        stats = DeliveryStats(self.sink_config.name)
+        stats = DeliveryStats(self.lane.name)
         self.stats = stats  # read live by the metrics and /readyz (ops/)
         started = time.monotonic()
         deadline = started + seconds if seconds is not None else None
@@ -141,7 +131,7 @@ class Deliverer:
                 except Exception as caught:
                     # A state database error that came through the sink's code is the state database's.
                     exc = caught.__cause__ if isinstance(caught, StateError) and caught.__cause__ else caught
-                    if until_idle or self.dry_run or not (transient(exc) or isinstance(exc, _LockStillHeld)):
+                    if until_idle or self.dry_run or not (transient(exc) or isinstance(exc, LockStillHeld)):
                         if exc is caught:
                             raise
                         raise exc from None
@@ -152,7 +142,7 @@ class Deliverer:
                     stats.outage_retries += 1
                     stats.waiting = cause
                     what = "the state database" if isinstance(exc, psycopg.Error) else "the destination"
-                    log.warning("deliver: sink %s: waiting for %s: %s; retry %d in %.1f s", self.sink_config.name,
+                    log.warning("deliver: sink %s: waiting for %s: %s; retry %d in %.1f s", self.lane.name,
                                 what, cause, attempt, delay)
                     self.offsets.record_waiting(cause)
                     if deadline is not None and time.monotonic() + delay >= deadline:
@@ -167,25 +157,23 @@ class Deliverer:
 
     def _session(self, stats: DeliveryStats, started: float, until_idle: bool, seconds: float | None,
                  first: bool) -> None:
-        name = self.sink_config.name
-        with session.connect(self.config.state_dsn, application_name=f"cdc-pipeline deliver {name}") as conn:
-            if not session.try_lock(conn, f"cdc_pipeline.deliver:{name}") and not self.dry_run:
-                if not first:
-                    raise _LockStillHeld(f"the delivery lock of sink {name!r} is still held")
-                raise SinkBusy(f"sink {name!r} is already being delivered by another process")
-            conn.commit()
+        name, lane = self.sink_config.name, self.lane.lane
+        with session.connect(self.config.state_dsn, application_name=f"cdc-pipeline deliver {self.lane.name}") as conn:
             try:
                 if self.sink is not None:
-                    self.sink.open()
+                    self.sink.open()  # before the lane is joined: a change of split reads the destination's positions
+                if not self.dry_run:
+                    self.lane.join(conn, self.sink, first)
+                if self.sink is not None:
                     self.sink.prepare(lambda table: self._table_info(conn, table))
                     self.sink.bind_state(conn, self.config.state.schema_name)
                     self.sink.bind_spark(self.spark)  # parquet writes through our (lazily started) session
-                offset = self.store.sink_offset(conn, name)
+                offset = self.store.sink_offset(conn, name, lane)
                 if self.sink is not None:
                     held = self.sink.position()
                     if held is not None and held > offset:  # the sink committed before we did: record it
                         done = self.store.count_after(conn, self.sink_config.tables, offset, sink=name, upto=held)
-                        self.store.advance_offset(conn, name, held, done, 0, 0, None)
+                        self.store.advance_offset(conn, name, held, done, 0, 0, None, lane)
                         offset = held
                 conn.commit()
                 stats.waiting = None  # both databases answer again (the recorded wait ends at the next send)
@@ -235,6 +223,8 @@ class Deliverer:
                         offset = new_offset
                         self._resyncs += backlog.start_resync(self.config, self.sink_config, list(self.sink_config.tables))
                 if not self.dry_run:
+                    if self.lane.superseded(conn):  # another process changes the sink's lanes
+                        break
                     with self._turn(conn) as turn:
                         if turn:
                             self.parking.retry_due(conn, stats)
@@ -250,7 +240,7 @@ class Deliverer:
                         break
                     if not idle:  # once per idle spell: what a long-running delivery is waiting for
                         log.info("sink %s: caught up at %s:%s, waiting for new changes in the log%s",
-                                 self.sink_config.name, *offset,
+                                 self.lane.name, *offset,
                                  " and its resync backfill" if any(t.is_alive() for t in self._resyncs) else "")
                     idle = True
                     self._stop.wait(self.config.delivery.idle_seconds)
@@ -280,14 +270,14 @@ class Deliverer:
         if self.dry_run:
             yield True
             return
-        name = send_lock(self.sink_config.name)
+        name = self.lane.send_lock
         waited = False
         while not session.wait_lock(conn, name, TURN_WAIT_SECONDS):
             if self._stop.is_set():
                 yield False
                 return
             if not waited:
-                log.info("sink %s: waiting for a replay of this sink to finish", self.sink_config.name)
+                log.info("sink %s: waiting for a replay of this sink to finish", self.lane.name)
                 waited = True
         def release() -> None:
             if conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
@@ -306,7 +296,7 @@ class Deliverer:
     def _load_and_stage(self, conn: psycopg.Connection, offset: Position, limit: int | None = None) -> Staged:
         """The next micro-batch after ``offset``: for a sink that takes typed rows, the run at the head of its
         log (a typed run is only described here, and relayed when sent); else up to ``limit`` messages."""
-        if limit is None and self.typed_rows:
+        if limit is None and self.typed_rows and not self.lane.filters:  # a relayed run is not split in lanes
             run = self.store.head_run(conn, self.sink_config.tables, offset, self.batch_size, self.sink_config.name)
             conn.commit()
             if run is None:
@@ -345,6 +335,9 @@ class Deliverer:
         stats.read += batch.num_rows
         messages = messages_from(out, staged.shapes)
         filtered = batch.num_rows - len(messages) - len(stage_failed)
+        if self.lane.filters:  # every lane reads every row: lane 0 counts those none sends
+            messages, stage_failed = self.lane.mine(messages, stage_failed)
+            filtered = filtered if self.lane.lane == 0 else 0
         stats.filtered += filtered
         if self.dry_run:
             for m in messages:
@@ -352,7 +345,7 @@ class Deliverer:
             stats.delivered += len(messages)
             return last
         name = self.sink_config.name
-        blocked = self.store.parked_groups(conn, name) if self.sink_config.message_grouping else set()
+        blocked = self.store.parked_groups(conn, name, self.lane.lane) if self.sink_config.message_grouping else set()
         send, held = split_held(messages, blocked, [(pos, g) for pos, g, _ in stage_failed])
         # Those are parked only by the state commit below: the sink must not record a position past them.
         kept_back = [position_of(m) for m in held] + [pos for pos, _, _ in stage_failed]

@@ -18,18 +18,19 @@ log = logging.getLogger("cdc_pipeline.delivery.engine")
 
 
 class OffsetKeeper:
-    def __init__(self, store: Store, state_dsn: str, sink: str) -> None:
+    def __init__(self, store: Store, state_dsn: str, sink: str, lane: int = 0) -> None:
         self.store = store
         self.state_dsn = state_dsn
         self.sink = sink
+        self.lane = lane
         self.waiting = False  # a wait for the destination is recorded in the state database
 
     def settle(self, conn: psycopg.Connection, stats: DeliveryStats, last: Position, delivered: int,
                filtered: int, parked: int, last_ts: datetime | None) -> Position:
         """Everything up to ``last`` is delivered, filtered out or parked: the offset moves past it."""
-        self.store.advance_offset(conn, self.sink, last, delivered, filtered, parked, last_ts)
+        self.store.advance_offset(conn, self.sink, last, delivered, filtered, parked, last_ts, self.lane)
         if self.waiting:
-            self.store.set_waiting(conn, self.sink, None)
+            self.store.set_waiting(conn, self.sink, None, self.lane)
             self.waiting = False
         conn.commit()
         stats.delivered += delivered
@@ -40,7 +41,7 @@ class OffsetKeeper:
         """Best effort, on its own connection: the state database may be what is down."""
         try:
             with session.connect(self.state_dsn, autocommit=True, statement_timeout_ms=5000) as conn:
-                self.store.set_waiting(conn, self.sink, reason)
+                self.store.set_waiting(conn, self.sink, reason, self.lane)
         except psycopg.Error as exc:
             log.debug("deliver: sink %s: cannot record waiting: %s", self.sink, type(exc).__name__)
         self.waiting = reason is not None

@@ -57,9 +57,10 @@ class ParkingLot:
     """One sink's parked messages: parks a batch's failures and retries the due ones through ``stager`` and
     ``send`` (the Deliverer's), sharing its view of the destination's liveness."""
 
-    def __init__(self, sink_config: SinkConfig, store: Store, live: Liveness, stager: Stager, send: Send,
+    def __init__(self, sink_config: SinkConfig, lane: int, store: Store, live: Liveness, stager: Stager, send: Send,
                  retry_chunk: int) -> None:
         self.sink_config = sink_config
+        self.lane = lane  # its lane's parked messages only (core/lanes.py)
         self.store = store
         self.live = live
         self.stager = stager
@@ -94,7 +95,8 @@ class ParkingLot:
         self.live.tried(tried)
         items += [(position_of(m), m.group, HELD, 0) for m in held]
         items.sort(key=lambda it: it[0])
-        self.store.park(conn, self.sink_config.name, items, [self._delay(max(1, a)) for _, _, _, a in items])
+        self.store.park(conn, self.sink_config.name, items, [self._delay(max(1, a)) for _, _, _, a in items],
+                        self.lane)
         if self.sink_config.max_retries == 0:  # no retries: the first counted failure is final
             for pos, _, err, attempts in items:
                 if attempts:
@@ -106,7 +108,7 @@ class ParkingLot:
         return next_delay_ms(attempt, b.initial_ms, b.max_ms, b.multiplier, b.jitter)
 
     def retry_due(self, conn: psycopg.Connection, stats: DeliveryStats) -> None:
-        due = self.store.due_retries(conn, self.sink_config.name, self.retry_chunk)
+        due = self.store.due_retries(conn, self.sink_config.name, self.retry_chunk, self.lane)
         if not due:
             conn.commit()
             return
@@ -147,7 +149,7 @@ class ParkingLot:
                 self.store.discard(conn, name, pos, f"gave up after {tries - 1} retries: {err}")
                 stats.discarded += 1
             else:
-                self.store.park(conn, name, [(pos, group, err, tries)], [self._delay(max(1, tries))])
+                self.store.park(conn, name, [(pos, group, err, tries)], [self._delay(max(1, tries))], self.lane)
         self.live.tried(tried)
         self.live.forget(resolved)
         self.store.resolve(conn, name, resolved)

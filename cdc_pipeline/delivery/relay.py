@@ -25,9 +25,10 @@ log = logging.getLogger(__name__)
 
 
 class Relay:
-    def __init__(self, sink_config: SinkConfig, store: Store, sink: Sink, live: Liveness,
+    def __init__(self, sink_config: SinkConfig, lane: int, store: Store, sink: Sink, live: Liveness,
                  offsets: OffsetKeeper) -> None:
         self.sink_config = sink_config
+        self.lane = lane
         self.store = store
         self.sink = sink
         self.live = live
@@ -39,7 +40,7 @@ class Relay:
         none of the sink's groups is parked. False: nothing was delivered (rejected by the destination, or
         a parked group): the caller sends the run message by message."""
         name = self.sink_config.name
-        if self.sink_config.message_grouping and self.store.parked_groups(conn, name):
+        if self.sink_config.message_grouping and self.store.parked_groups(conn, name, self.lane):
             return False
         self.sink.hold_position_below(None)  # nothing of the run is parked
         with self.store.relay_rows(source, self.sink_config.tables, after, run, name) as blocks:

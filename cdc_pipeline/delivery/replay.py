@@ -18,13 +18,18 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import psycopg
+
 from cdc_pipeline.config import ConfigError, PipelineConfig, redact
 from cdc_pipeline.config.base import qualify
-from cdc_pipeline.core.positions import Position
+from cdc_pipeline.core.lanes import lane_name, lane_of, parking_group, position_key
+from cdc_pipeline.core.positions import START, Position
 from cdc_pipeline.delivery.engine import Deliverer, messages_from, send_lock
 from cdc_pipeline.delivery.plan import SinkPlan
 from cdc_pipeline.postgres import session
 from cdc_pipeline.sinks.base import Sink
+from cdc_pipeline.state.change_log import ChangeLog
+from cdc_pipeline.state.lanes import SinkLanes
 from cdc_pipeline.state.replay_log import load_window, oldest_retained, trimmed_until
 
 log = logging.getLogger(__name__)
@@ -99,42 +104,59 @@ def replay(config: PipelineConfig, sink_name: str, start: datetime, end: datetim
         target.open()
         try:
             # Live delivery of the sink sends nothing until the replay is done (engine.Deliverer._turn), so
-            # the offset read now stays put and no live send lands between the replay's.
-            while not session.wait_lock(conn, send_lock(sink_name), LOCK_WAIT_SECONDS):
-                log.info("replay of sink %s: waiting for its delivery's current send", sink_name)
-            upto = max(store.sink_offset(conn, sink_name), target.position() or (0, -1))
+            # the offsets read now stay put and no live send lands between the replay's. A sink with lanes
+            # (core/lanes.py) is replayed lane by lane, each up to its own offset.
+            split, generation, _ = SinkLanes(config.state.schema_name).split(conn, sink_name)
             conn.commit()
+            lanes = split.lanes
+            for lane in range(lanes):
+                while not session.wait_lock(conn, send_lock(lane_name(sink_name, lane, lanes)), LOCK_WAIT_SECONDS):
+                    log.info("replay of sink %s: waiting for its delivery's current send", sink_name)
             # A mirror holds one version per row: replaying the window alone would leave the rows changed
             # after it older than the offset, so it is replayed from the window's start up to the offset.
             through = end if not target.holds_rows else None
             target.prepare(lambda t: store.table_info(conn, t))
             target.bind_state(conn, config.state.schema_name)
-            after: Position = (0, -1)
-            log.info("replaying %s changes committed in [%s, %s) to sink %s (up to its offset %s:%s)",
-                     ",".join(tables), start, through or "now", sink_name, *upto)
-            while True:
-                batch = load_window(conn, change_log, tables, sink_name, start, through, after, upto,
-                                    deliverer.batch_size)
-                schemas = deliverer.stager.schemas(conn) if batch.num_rows else {}
+            for lane in range(lanes):
+                target.bind_lane(position_key(sink_name, lane, lanes, generation))
+                upto = max(store.sink_offset(conn, sink_name, lane), target.position() or START)
                 conn.commit()
-                if batch.num_rows == 0:
-                    break
-                after = (batch.column("commit_lsn")[-1].as_py(), batch.column("commit_idx")[-1].as_py())
-                out, stage_failed = deliverer.stager.stage(batch, schemas)
-                messages = messages_from(out)
-                results = deliverer.send(messages)
-                conn.commit()  # http_pull: the queued messages
-                stats.read += batch.num_rows
-                if end is not None and through is None:
-                    ts = batch.column("commit_ts")
-                    stats.after_window += sum(1 for t in ts.to_pylist() if t >= end)
-                stats.delivered += sum(1 for r in results if r is None)
-                failures = [r for r in results if r is not None] + [err for _, _, err in stage_failed]
-                stats.failed += len(failures)
-                # Masked as parked errors are: they reach CLI output, Dagster logs, step errors and metadata.
-                stats.errors += [redact(e) for e in failures[:max(0, 5 - len(stats.errors))]]
-                stats.filtered += batch.num_rows - len(messages) - len(stage_failed)
+                log.info("replaying %s changes committed in [%s, %s) to sink %s (up to its offset %s:%s)",
+                         ",".join(tables), start, through or "now", lane_name(sink_name, lane, lanes), *upto)
+                _replay_lane(deliverer, conn, change_log, tables, start, through, end, upto, lane, lanes, stats)
         finally:
             target.close()
     stats.seconds = time.monotonic() - started
     return stats
+
+
+def _replay_lane(deliverer: Deliverer, conn: psycopg.Connection, change_log: ChangeLog, tables: list[str],
+                 start: datetime, through: datetime | None, end: datetime | None, upto: Position, lane: int,
+                 lanes: int, stats: ReplayStats) -> None:
+    after: Position = START
+    sink_name = deliverer.sink_config.name
+    while True:
+        batch = load_window(conn, change_log, tables, sink_name, start, through, after, upto, deliverer.batch_size)
+        schemas = deliverer.stager.schemas(conn) if batch.num_rows else {}
+        conn.commit()
+        if batch.num_rows == 0:
+            return
+        after = (batch.column("commit_lsn")[-1].as_py(), batch.column("commit_idx")[-1].as_py())
+        out, stage_failed = deliverer.stager.stage(batch, schemas)
+        messages = messages_from(out)
+        filtered = batch.num_rows - len(messages) - len(stage_failed)
+        if lanes > 1:
+            messages = [m for m in messages if lane_of(parking_group(m.group, m.key), lanes) == lane]
+            stage_failed = [f for f in stage_failed if lane_of(parking_group(f[1], f"{f[0][0]}:{f[0][1]}"), lanes) == lane]
+        results = deliverer.send(messages)
+        conn.commit()  # http_pull: the queued messages
+        if lane == 0:  # every lane reads the window: lane 0 counts what it holds
+            stats.read += batch.num_rows
+            stats.filtered += filtered
+            if end is not None and through is None:
+                stats.after_window += sum(1 for t in batch.column("commit_ts").to_pylist() if t >= end)
+        stats.delivered += sum(1 for r in results if r is None)
+        failures = [r for r in results if r is not None] + [err for _, _, err in stage_failed]
+        stats.failed += len(failures)
+        # Masked as parked errors are: they reach CLI output, Dagster logs, step errors and metadata.
+        stats.errors += [redact(e) for e in failures[:max(0, 5 - len(stats.errors))]]

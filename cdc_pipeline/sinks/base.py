@@ -140,6 +140,11 @@ class Sink(abc.ABC):
         """The last position the destination itself committed, for sinks that commit it atomically."""
         return None
 
+    def bind_lane(self, key: str) -> None:  # noqa: B027
+        """The key this deliverer's own position is recorded under (core/lanes.py `position_key`: the sink's
+        name without lanes); for sinks that commit a `position()` of their own. Called after `open`, again
+        when the split of the sink's lanes changes."""
+
     def hold_position_below(self, position: tuple[int, int] | None) -> None:  # noqa: B027
         """The earliest message of the batch in progress that the engine parks (held back behind its
         group, failed at the destination or by the transform): it is recorded only in the engine's later

@@ -12,34 +12,39 @@ from cdc_pipeline.state.base import Position, SchemaStore
 
 
 class FailedMessages(SchemaStore):
-    def parked_groups(self, conn: psycopg.Connection, sink: str) -> set[str | None]:
+    """Parked messages belong to the lane of their group (core/lanes.py; lane 0 without lanes); the
+    operator's views and verbs (list, retry, discard) work on the whole sink."""
+
+    def parked_groups(self, conn: psycopg.Connection, sink: str, lane: int = 0) -> set[str | None]:
         rows = conn.execute(sql.SQL(
-            "SELECT DISTINCT group_key FROM {}.failed_messages WHERE sink = %s AND status = 'parked'")
-            .format(self.s), (sink,)).fetchall()
+            "SELECT DISTINCT group_key FROM {}.failed_messages WHERE sink = %s AND lane = %s AND status = 'parked'")
+            .format(self.s), (sink, lane)).fetchall()
         return {r[0] for r in rows}
 
     def park(self, conn: psycopg.Connection, sink: str, items: Sequence[tuple[Position, str | None, str, int]],
-             delay_ms: Sequence[int]) -> None:
+             delay_ms: Sequence[int], lane: int = 0) -> None:
         """items: (position, group, error, attempts); a held message has attempts 0."""
         if not items:
             return
         conn.cursor().executemany(sql.SQL(
-            "INSERT INTO {}.failed_messages (sink, commit_lsn, commit_idx, group_key, attempts, last_error, "
-            "next_attempt_at) VALUES (%s, %s, %s, %s, %s, %s, now() + make_interval(secs => %s / 1000.0)) "
+            "INSERT INTO {}.failed_messages (sink, lane, commit_lsn, commit_idx, group_key, attempts, last_error, "
+            "next_attempt_at) VALUES (%s, %s, %s, %s, %s, %s, %s, now() + make_interval(secs => %s / 1000.0)) "
             "ON CONFLICT (sink, commit_lsn, commit_idx) DO UPDATE SET attempts = excluded.attempts, "
             "last_error = excluded.last_error, next_attempt_at = excluded.next_attempt_at, status = 'parked'")
             .format(self.s),
-            [(sink, p[0], p[1], g, a, redact(e), d) for (p, g, e, a), d in zip(items, delay_ms, strict=True)])
+            [(sink, lane, p[0], p[1], g, a, redact(e), d) for (p, g, e, a), d in zip(items, delay_ms, strict=True)])
 
-    def due_retries(self, conn: psycopg.Connection, sink: str, limit: int) -> list[tuple[Position, str | None, int]]:
+    def due_retries(self, conn: psycopg.Connection, sink: str, limit: int,
+                    lane: int = 0) -> list[tuple[Position, str | None, int]]:
         """Parked messages of groups whose head is due, in log order: (position, group, attempts)."""
         rows = conn.execute(sql.SQL(
             "WITH heads AS (SELECT DISTINCT ON (group_key) group_key, next_attempt_at FROM {s}.failed_messages "
-            "  WHERE sink = %s AND status = 'parked' ORDER BY group_key, commit_lsn, commit_idx) "
+            "  WHERE sink = %s AND lane = %s AND status = 'parked' ORDER BY group_key, commit_lsn, commit_idx) "
             "SELECT f.commit_lsn, f.commit_idx, f.group_key, f.attempts FROM {s}.failed_messages f "
             "JOIN heads h ON h.group_key IS NOT DISTINCT FROM f.group_key "
-            "WHERE f.sink = %s AND f.status = 'parked' AND h.next_attempt_at <= now() "
-            "ORDER BY f.commit_lsn, f.commit_idx LIMIT %s").format(s=self.s), (sink, sink, limit)).fetchall()
+            "WHERE f.sink = %s AND f.lane = %s AND f.status = 'parked' AND h.next_attempt_at <= now() "
+            "ORDER BY f.commit_lsn, f.commit_idx LIMIT %s").format(s=self.s),
+            (sink, lane, sink, lane, limit)).fetchall()
         return [((int(r[0]), int(r[1])), r[2], int(r[3])) for r in rows]
 
     def resolve(self, conn: psycopg.Connection, sink: str, positions: Sequence[Position]) -> None:
@@ -54,7 +59,8 @@ class FailedMessages(SchemaStore):
         conn.execute(sql.SQL(
             "UPDATE {}.failed_messages SET status = 'discarded', last_error = %s WHERE sink = %s "
             "AND commit_lsn = %s AND commit_idx = %s").format(self.s), (redact(error), sink, position[0], position[1]))
-        conn.execute(sql.SQL("UPDATE {}.sink_offsets SET discarded = discarded + 1 WHERE sink = %s")
+        # Counted on lane 0's row, which every split has: status sums the lanes.
+        conn.execute(sql.SQL("UPDATE {}.sink_offsets SET discarded = discarded + 1 WHERE sink = %s AND lane = 0")
                      .format(self.s), (sink,))
 
     def failed_summary(self, conn: psycopg.Connection, sink: str) -> dict[str, float | int | None]:

@@ -97,7 +97,7 @@ class PullQueue(SchemaStore):
             "AND (%s::bigint IS NULL OR (commit_lsn, commit_idx) = (%s, %s)) RETURNING consumer")
             .format(self.s), (consumer, consumer, *_position(position))).fetchall()
         for name in {r[0] for r in rows}:
-            conn.execute(sql.SQL("UPDATE {}.sink_offsets SET discarded = discarded + %s WHERE sink = %s")
+            conn.execute(sql.SQL("UPDATE {}.sink_offsets SET discarded = discarded + %s WHERE sink = %s AND lane = 0")
                          .format(self.s), (sum(1 for r in rows if r[0] == name), name))
             conn.execute("SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, name))
         return [r[0] for r in rows]

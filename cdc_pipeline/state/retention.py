@@ -20,7 +20,8 @@ def trim_log(conn: psycopg.Connection, schema: str, hours: float, sinks: Sequenc
     floor: Position = END  # no sinks: age alone decides
     if sinks:
         rows = {r[0]: (int(r[1]), int(r[2])) for r in conn.execute(sql.SQL(
-            "SELECT sink, commit_lsn, commit_idx FROM {}.sink_offsets WHERE sink = ANY(%s)").format(s),
+            "SELECT DISTINCT ON (sink) sink, commit_lsn, commit_idx FROM {}.sink_offsets WHERE sink = ANY(%s) "
+            "ORDER BY sink, commit_lsn, commit_idx").format(s),  # a sink with lanes: its slowest lane
             (list(sinks),)).fetchall()}
         floor = min(rows.get(name, START) for name in sinks)  # a sink not started yet keeps all
     low, read_at = _backfill_floor(conn, s)

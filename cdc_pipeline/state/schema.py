@@ -218,6 +218,24 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE {s}.change_log ADD COLUMN IF NOT EXISTS annotations jsonb;
     """,
+    # 10: lanes (core/lanes.py): a sink's offsets and parked messages per lane, and its current split
+    # (how many lanes, the layers of earlier splits' offsets its lanes skip, the generation naming the
+    # destinations' own positions, and a split other processes asked for). A sink without lanes is lane 0.
+    """
+    ALTER TABLE {s}.sink_offsets ADD COLUMN IF NOT EXISTS lane integer NOT NULL DEFAULT 0;
+    ALTER TABLE {s}.sink_offsets DROP CONSTRAINT IF EXISTS sink_offsets_pkey;
+    ALTER TABLE {s}.sink_offsets ADD PRIMARY KEY (sink, lane);
+    ALTER TABLE {s}.failed_messages ADD COLUMN IF NOT EXISTS lane integer NOT NULL DEFAULT 0;
+    CREATE INDEX IF NOT EXISTS failed_messages_lane ON {s}.failed_messages (sink, lane, status, group_key);
+    CREATE TABLE IF NOT EXISTS {s}.sink_lanes (
+        sink        text PRIMARY KEY,
+        lanes       integer     NOT NULL,
+        prior       jsonb       NOT NULL DEFAULT '[]',
+        generation  integer     NOT NULL DEFAULT 0,
+        wanted      integer,
+        changed_at  timestamptz NOT NULL DEFAULT now()
+    );
+    """,
 ]
 
 

@@ -31,14 +31,26 @@ def log_stats(conn: psycopg.Connection, schema: str) -> dict[str, Any]:
 
 
 def sink_offset_row(conn: psycopg.Connection, schema: str, sink: str) -> dict[str, Any] | None:
-    row = conn.execute(sql.SQL(
-        "SELECT commit_lsn, commit_idx, delivered, filtered, updated_at, waiting_since, waiting_reason "
-        "FROM {}.sink_offsets WHERE sink = %s"
-    ).format(sql.Identifier(schema)), (sink,)).fetchone()
-    if row is None:
+    """The sink's progress; with lanes (core/lanes.py), its slowest lane's position, the lanes' counts
+    summed, its first waiting lane's wait, and each lane's own figures under ``lanes``."""
+    rows = sink_lane_rows(conn, schema, sink)
+    if not rows:
         return None
-    return {"position": (int(row[0]), int(row[1])), "delivered": int(row[2]), "filtered": int(row[3]),
-            "updated_at": row[4], "waiting_since": row[5], "waiting_reason": row[6]}
+    waiting = [r for r in rows if r["waiting_since"] is not None]
+    return {"position": min(r["position"] for r in rows), "delivered": sum(r["delivered"] for r in rows),
+            "filtered": sum(r["filtered"] for r in rows), "updated_at": max(r["updated_at"] for r in rows),
+            "waiting_since": waiting[0]["waiting_since"] if waiting else None,
+            "waiting_reason": waiting[0]["waiting_reason"] if waiting else None,
+            **({"lanes": rows} if len(rows) > 1 else {})}
+
+
+def sink_lane_rows(conn: psycopg.Connection, schema: str, sink: str) -> list[dict[str, Any]]:
+    rows = conn.execute(sql.SQL(
+        "SELECT lane, commit_lsn, commit_idx, delivered, filtered, updated_at, waiting_since, waiting_reason "
+        "FROM {}.sink_offsets WHERE sink = %s ORDER BY lane"
+    ).format(sql.Identifier(schema)), (sink,)).fetchall()
+    return [{"lane": int(r[0]), "position": (int(r[1]), int(r[2])), "delivered": int(r[3]), "filtered": int(r[4]),
+             "updated_at": r[5], "waiting_since": r[6], "waiting_reason": r[7]} for r in rows]
 
 
 def has_backfills(conn: psycopg.Connection, schema: str) -> bool:

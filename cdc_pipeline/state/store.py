@@ -80,29 +80,30 @@ class Store(SchemaStore):
         return relations.table_info(conn, self.schema, table)
 
     # -- sink offsets (state/sink_offsets.py) -----------------------------------------------------
-    def sink_offset(self, conn: psycopg.Connection, sink: str) -> Position:
-        return self.offsets.sink_offset(conn, sink)
+    def sink_offset(self, conn: psycopg.Connection, sink: str, lane: int = 0) -> Position:
+        return self.offsets.sink_offset(conn, sink, lane)
 
     def delivered_total(self, conn: psycopg.Connection, sink: str) -> int:
         return self.offsets.delivered_total(conn, sink)
 
     def advance_offset(self, conn: psycopg.Connection, sink: str, position: Position, delivered: int,
-                       filtered: int, parked: int, last_commit_ts: datetime | None) -> None:
-        self.offsets.advance_offset(conn, sink, position, delivered, filtered, parked, last_commit_ts)
+                       filtered: int, parked: int, last_commit_ts: datetime | None, lane: int = 0) -> None:
+        self.offsets.advance_offset(conn, sink, position, delivered, filtered, parked, last_commit_ts, lane)
 
-    def set_waiting(self, conn: psycopg.Connection, sink: str, reason: str | None) -> None:
-        self.offsets.set_waiting(conn, sink, reason)
+    def set_waiting(self, conn: psycopg.Connection, sink: str, reason: str | None, lane: int = 0) -> None:
+        self.offsets.set_waiting(conn, sink, reason, lane)
 
     # -- failed messages (state/failed_messages.py) -----------------------------------------------
-    def parked_groups(self, conn: psycopg.Connection, sink: str) -> set[str | None]:
-        return self.failed.parked_groups(conn, sink)
+    def parked_groups(self, conn: psycopg.Connection, sink: str, lane: int = 0) -> set[str | None]:
+        return self.failed.parked_groups(conn, sink, lane)
 
     def park(self, conn: psycopg.Connection, sink: str, items: Sequence[tuple[Position, str | None, str, int]],
-             delay_ms: Sequence[int]) -> None:
-        self.failed.park(conn, sink, items, delay_ms)
+             delay_ms: Sequence[int], lane: int = 0) -> None:
+        self.failed.park(conn, sink, items, delay_ms, lane)
 
-    def due_retries(self, conn: psycopg.Connection, sink: str, limit: int) -> list[tuple[Position, str | None, int]]:
-        return self.failed.due_retries(conn, sink, limit)
+    def due_retries(self, conn: psycopg.Connection, sink: str, limit: int,
+                    lane: int = 0) -> list[tuple[Position, str | None, int]]:
+        return self.failed.due_retries(conn, sink, limit, lane)
 
     def resolve(self, conn: psycopg.Connection, sink: str, positions: Sequence[Position]) -> None:
         self.failed.resolve(conn, sink, positions)

@@ -1,4 +1,4 @@
-"""The lane split (delivery/lanes.py), attacked with hypothesis: however the number of lanes changes while
+"""The lane split (core/lanes.py), attacked with hypothesis: however the number of lanes changes while
 lanes are at any progress, every message is settled exactly once and no group goes backwards."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cdc_pipeline.core.lanes import MAX_LANES, Split, lane_of, parking_group, resplit
 from cdc_pipeline.core.positions import START, Position
-from cdc_pipeline.delivery.lanes import MAX_LANES, Split, lane_of, parking_group, resplit
 
 
 def test_lane_of_is_stable_and_spreads() -> None:

@@ -43,6 +43,7 @@ class _RunMismatch(Exception):
 class PostgresSink(Sink):
     def __init__(self, sink_config: object) -> None:
         self.name = sink_config.name  # type: ignore[attr-defined]
+        self._position_key = self.name  # a lane's own key with lanes (bind_lane)
         self.dest = sink_config.destination  # type: ignore[attr-defined]
         self.mode: str = self.dest.mode
         self.holds_rows = self.mode == "mirror"
@@ -107,10 +108,12 @@ class PostgresSink(Sink):
         assert self.conn is not None
         row = self.conn.execute(
             sql.SQL("SELECT commit_lsn, commit_idx FROM {}.offsets WHERE sink = %s").format(
-                sql.Identifier(OFFSETS_SCHEMA)), (self.name,)).fetchone()
+                sql.Identifier(OFFSETS_SCHEMA)), (self._position_key,)).fetchone()
         self.conn.commit()
         return (int(row[0]), int(row[1])) if row else None
 
+    def bind_lane(self, key: str) -> None:
+        self._position_key = key
     def hold_position_below(self, position: tuple[int, int] | None) -> None:
         self._ceiling = position
 
@@ -240,7 +243,7 @@ class PostgresSink(Sink):
             "INSERT INTO {}.offsets AS o (sink, commit_lsn, commit_idx) VALUES (%s, %s, %s) "
             "ON CONFLICT (sink) DO UPDATE SET commit_lsn = excluded.commit_lsn, commit_idx = excluded.commit_idx, "
             "updated_at = now() WHERE (o.commit_lsn, o.commit_idx) < (excluded.commit_lsn, excluded.commit_idx)"
-        ).format(sql.Identifier(OFFSETS_SCHEMA)), (self.name, last[0], last[1]))
+        ).format(sql.Identifier(OFFSETS_SCHEMA)), (self._position_key, last[0], last[1]))
 
     def _route_problem(self, m: OutboundMessage) -> str | None:
         return route_problem(m.route, getattr(self.dest, "route_schemas", None)) if self.mode == "append" else None

@@ -9,7 +9,7 @@ offset of the old lane its group hashed to). Parked messages move to the new lan
 nothing is lost (every message is past exactly one old offset or at none) and nothing goes backwards
 (a group's messages after its old lane's offset are sent by its one new lane, in order).
 
-Pure: no I/O; the state database side is state/lanes.py.
+Pure: no I/O; the state database side is state/lanes.py, a deliverer's side delivery/lane_keeper.py.
 """
 
 from __future__ import annotations
@@ -21,6 +21,17 @@ from dataclasses import dataclass
 from cdc_pipeline.core.positions import Position
 
 MAX_LANES = 64
+
+
+def lane_name(sink: str, lane: int, lanes: int) -> str:
+    """What names a lane in locks and logs: the sink's name when it has one lane, as before lanes existed."""
+    return sink if lanes == 1 else f"{sink}#{lane}/{lanes}"
+
+
+def position_key(sink: str, lane: int, lanes: int, generation: int) -> str:
+    """The key a destination records a lane's own position under (a Postgres mirror commits it with the
+    rows): new with every change of split, so a lane never resumes from another split's record."""
+    return sink if lanes == 1 and generation == 0 else f"{sink}@{generation}#{lane}/{lanes}"
 
 
 def parking_group(group: str | None, key: str) -> str:

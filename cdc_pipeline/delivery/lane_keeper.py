@@ -1,0 +1,167 @@
+"""A deliverer's lane of its sink (core/lanes.py): joining it at the start of a session (changing the
+sink's split first when the config asks for another number of lanes), its locks, noticing that another
+process changes the split, and which messages of a batch are this lane's to send.
+
+A sink with one lane and no earlier split behaves exactly as before lanes existed: the same lock names,
+every message its own, the destination's own position under the sink's name.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+
+import psycopg
+
+from cdc_pipeline.core.lanes import Split, lane_name, lane_of, parking_group, position_key
+from cdc_pipeline.delivery.ordering import position_of
+from cdc_pipeline.delivery.staging import StageFailure
+from cdc_pipeline.postgres import session
+from cdc_pipeline.sinks.base import OutboundMessage, Sink
+from cdc_pipeline.state.lanes import SinkLanes
+from cdc_pipeline.state.store import Position, Store
+
+log = logging.getLogger("cdc_pipeline.delivery.engine")
+
+SPLIT_CHECK_SECONDS = 1.0  # how often a running lane looks whether another process changes the split
+SPLIT_WAIT_SECONDS = 0.5  # how often a lane waiting for the old split's lanes to stop looks again
+
+
+class SinkBusy(RuntimeError):
+    pass
+
+
+class LockStillHeld(RuntimeError):
+    """After a reconnect the lane's lock is still held: most likely by our own old session."""
+
+
+def deliver_lock(name: str) -> str:
+    return f"cdc_pipeline.deliver:{name}"
+
+
+def send_lock(name: str) -> str:
+    """Held by a delivery around each send and by a replay for its whole run: the two never interleave."""
+    return f"cdc_pipeline.send:{name}"
+
+
+class LaneKeeper:
+    def __init__(self, sink: str, lane: int, lanes: int, store: Store, stop: threading.Event) -> None:
+        if not 0 <= lane < lanes:
+            raise ValueError(f"sink {sink!r} has {lanes} lane(s): --lane must be 0 to {lanes - 1}, not {lane}")
+        self.sink = sink
+        self.lane = lane
+        self.lanes = lanes
+        self.store = store
+        self.splits = SinkLanes(store.schema)
+        self.stop = stop
+        self.split = Split(lanes)
+        self.generation = 0
+        self.name = lane_name(sink, lane, lanes)  # in locks, logs and stats
+        self._checked = 0.0
+
+    @property
+    def send_lock(self) -> str:
+        return send_lock(self.name)
+
+    def join(self, conn: psycopg.Connection, sink: Sink | None, first: bool) -> None:
+        """Take this lane's lock in the sink's current split, changing the split to ``lanes`` first if it
+        differs (its old lanes are asked to stop, and waited for). Commits."""
+        while True:
+            self._settle(conn, sink)
+            if not session.try_lock(conn, deliver_lock(self.name)):
+                conn.commit()
+                if not first:
+                    raise LockStillHeld(f"the delivery lock of sink {self.name!r} is still held")
+                raise SinkBusy(f"sink {self.name!r} is already being delivered by another process")
+            split, generation, wanted = self.splits.split(conn, self.sink)
+            if split.lanes == self.lanes and wanted not in (None, self.lanes):
+                # Asked by a process that may have gone: one still waiting asks again within a turn.
+                self.splits.want(conn, self.sink, None)
+            conn.commit()
+            if split.lanes == self.lanes:  # not changed between the two looks
+                self.split, self.generation = split, generation
+                if sink is not None:
+                    sink.bind_lane(position_key(self.sink, self.lane, self.lanes, generation))
+                return
+            session.unlock(conn, deliver_lock(self.name))
+            conn.commit()
+
+    def _settle(self, conn: psycopg.Connection, sink: Sink | None) -> None:
+        waited = False
+        while True:
+            split, generation, _ = self.splits.split(conn, self.sink)
+            conn.commit()
+            if split.lanes == self.lanes or self.stop.is_set():
+                return
+            self.splits.want(conn, self.sink, self.lanes)  # the old split's lanes stop at their next turn
+            conn.commit()
+            changer = f"cdc_pipeline.lanes:{self.sink}"  # one process changes a split at a time
+            while not session.wait_lock(conn, changer, SPLIT_WAIT_SECONDS):
+                if self.stop.is_set():
+                    return
+            old = [deliver_lock(lane_name(self.sink, j, split.lanes)) for j in range(split.lanes)]
+            held = [name for name in old if session.try_lock(conn, name)]
+            try:
+                if len(held) == len(old):
+                    self._change(conn, sink, split, generation)
+                conn.commit()
+            finally:
+                if conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
+                    conn.rollback()
+                for name in [*held, changer]:
+                    session.unlock(conn, name)
+                conn.commit()
+            if len(held) == len(old):
+                continue
+            if not waited:
+                log.info("sink %s: waiting for the %d lane(s) of its current split to stop before it changes to "
+                         "%d lanes", self.sink, split.lanes, self.lanes)
+                waited = True
+            self.stop.wait(SPLIT_WAIT_SECONDS)
+
+    def _change(self, conn: psycopg.Connection, sink: Sink | None, old: Split, generation: int) -> None:
+        again, gen_now, _ = self.splits.split(conn, self.sink)
+        if again.lanes != old.lanes or gen_now != generation:
+            return  # changed by another process meanwhile: look again
+        offsets: list[Position] = []
+        for j in range(old.lanes):
+            offset = self.store.sink_offset(conn, self.sink, j)
+            if sink is not None:  # what the destination committed itself may be further
+                sink.bind_lane(position_key(self.sink, j, old.lanes, generation))
+                held = sink.position()
+                offset = max(offset, held) if held is not None else offset
+            offsets.append(offset)
+        self.splits.change(conn, self.sink, old, generation, offsets, self.lanes)
+        log.info("sink %s: lanes changed from %d to %d; every lane starts at %s:%s", self.sink, old.lanes,
+                 self.lanes, *min(offsets))
+
+    def superseded(self, conn: psycopg.Connection) -> bool:
+        """Whether another process changes (or changed) the split: this lane then stops. Looks at most once a
+        second."""
+        now = time.monotonic()
+        if now - self._checked < SPLIT_CHECK_SECONDS:
+            return False
+        self._checked = now
+        split, generation, wanted = self.splits.split(conn, self.sink)
+        conn.commit()
+        if split.lanes == self.lanes and generation == self.generation and wanted in (None, self.lanes):
+            return False
+        log.warning("sink %s: its lanes are changing to %s (another process's config): lane %s stops; run it "
+                    "again with the new config", self.sink, wanted or split.lanes, self.name)
+        return True
+
+    @property
+    def filters(self) -> bool:
+        """Whether some messages of a batch may not be this lane's to send."""
+        return self.split.lanes > 1 or bool(self.split.prior)
+
+    def mine(self, messages: Sequence[OutboundMessage], failed: Sequence[StageFailure]
+             ) -> tuple[list[OutboundMessage], list[StageFailure]]:
+        """The messages (and stage failures) of this lane that no earlier split settled."""
+        def ours(group: str, position: Position) -> bool:
+            return lane_of(group, self.lanes) == self.lane and not self.split.settled_before(group, position)
+
+        return ([m for m in messages if ours(parking_group(m.group, m.key), position_of(m))],
+                [f for f in failed if ours(parking_group(f[1], f"{f[0][0]}:{f[0][1]}"), f[0])])
