@@ -9,6 +9,8 @@ from __future__ import annotations
 import psycopg
 from psycopg import sql
 
+from cdc_pipeline.postgres import catalog
+
 DDL = """
 CREATE SCHEMA IF NOT EXISTS {s};
 CREATE TABLE IF NOT EXISTS {s}.api_sync_budget (
@@ -67,5 +69,4 @@ def ensure_api_schema(conn: psycopg.Connection, schema: str) -> None:
 
 
 def api_schema_exists(conn: psycopg.Connection, schema: str) -> bool:
-    row = conn.execute("SELECT to_regclass(format('%%I.api_sync_collections', %s::text))", (schema,)).fetchone()
-    return row is not None and row[0] is not None
+    return catalog.table_exists(conn, schema, "api_sync_collections")

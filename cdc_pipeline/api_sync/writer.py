@@ -18,6 +18,7 @@ from psycopg.types.json import Jsonb
 
 from cdc_pipeline.api_sync.adapters import Adapter
 from cdc_pipeline.config.api_sources import ApiCollectionConfig
+from cdc_pipeline.postgres import catalog
 
 _CHUNK = 1000
 
@@ -41,10 +42,7 @@ def _ensure_table(conn: psycopg.Connection, coll: ApiCollectionConfig) -> None:
     conn.execute(sql.SQL(
         "CREATE TABLE IF NOT EXISTS {} (id text PRIMARY KEY, modified_at timestamptz, record jsonb NOT NULL, "
         "synced_at timestamptz NOT NULL DEFAULT now())").format(_table(coll)))
-    existing = dict(conn.execute(
-        "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
-        "WHERE attrelid = to_regclass(%s) AND attnum > 0 AND NOT attisdropped",
-        (str(sql.Identifier(schema, name).as_string(conn)),)).fetchall())
+    existing = catalog.column_types(conn, schema, name)
     for column, (_, kind) in coll.columns.items():
         if column not in existing:
             conn.execute(sql.SQL("ALTER TABLE {} ADD COLUMN {} {}").format(

@@ -274,9 +274,7 @@ class PageReader:
         except psycopg.errors.QueryCanceled:
             if self.spec.sort_column is not None:
                 return None
-            row = src.execute("SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = "
-                              "to_regclass(format('%%I.%%I', %s::text, %s::text))", (shape.schema, shape.name)).fetchone()
-            return int(row[0]) if row else None
+            return catalog.estimated_rows(src, shape.schema, shape.name)
 
     def ensure_relation(self, src: psycopg.Connection, state: psycopg.Connection) -> None:
         """Sinks learn a table's columns from the drain's Relation messages, which only come with a change:
@@ -284,12 +282,11 @@ class PageReader:
         the drain would (generated columns left out, as pgoutput does)."""
         shape = self.shape
         info = catalog.describe_table(src, shape.schema, shape.name)
-        row = src.execute("SELECT to_regclass(format('%%I.%%I', %s::text, %s::text))::oid",
-                          (shape.schema, shape.name)).fetchone()
-        if info is None or row is None:
+        oid = catalog.table_oid(src, shape.schema, shape.name)
+        if info is None or oid is None:
             return
         types = catalog.load_types(src, {c.type_oid for c in info.columns})
         columns = [column_record(c.name, c.type_oid, c.type_sql, info.replica_identity == "f" or c.in_primary_key,
                                  types) for c in info.columns if c.name not in shape.generated]
-        upsert_relation(state, self.schema, shape.schema, shape.name, int(row[0]), info.replica_identity, columns,
+        upsert_relation(state, self.schema, shape.schema, shape.name, oid, info.replica_identity, columns,
                         info.primary_key, replace=False)

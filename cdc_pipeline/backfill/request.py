@@ -71,10 +71,7 @@ def table_shape(conn: psycopg.Connection, spec: BackfillSpec) -> TableShape:
     if not info.primary_key:
         raise BackfillError(f"table {spec.table} has no primary key: a backfill pages by it "
                             f"(ALTER TABLE {spec.table} ADD PRIMARY KEY (...))")
-    rel = "to_regclass(format('%%I.%%I', %s::text, %s::text))"
-    attrs = {r[0]: (bool(r[1]), bool(r[2])) for r in conn.execute(
-        f"SELECT attname, attnotnull, attgenerated <> '' FROM pg_attribute WHERE attrelid = {rel} "
-        "AND attnum > 0 AND NOT attisdropped", (spec.schema_name, spec.table_name)).fetchall()}
+    attrs = catalog.column_flags(conn, spec.schema_name, spec.table_name)
     generated = tuple(name for name, (_, gen) in attrs.items() if gen)
     stored = [c for c in info.columns if c.name not in generated]
     types = catalog.load_types(conn, {c.type_oid for c in stored})
@@ -88,10 +85,7 @@ def table_shape(conn: psycopg.Connection, spec: BackfillSpec) -> TableShape:
                           **values)
     if sort not in attrs:
         raise BackfillError(f"sort column {sort!r} does not exist in {spec.table}")
-    row = conn.execute(
-        f"SELECT EXISTS (SELECT 1 FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
-        f"AND a.attnum = i.indkey[0] WHERE i.indrelid = {rel} AND a.attname = %s AND i.indpred IS NULL)",
-        (spec.schema_name, spec.table_name, sort)).fetchone()
+    indexed = catalog.leads_an_index(conn, spec.schema_name, spec.table_name, sort)
     keyset = (sort, *(k for k in info.primary_key if k != sort))
     return TableShape(spec.schema_name, spec.table_name, info.primary_key, keyset, not attrs[sort][0], generated,
-                      bool(row and row[0]), **values)
+                      indexed, **values)

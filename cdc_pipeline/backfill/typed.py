@@ -18,28 +18,17 @@ from collections.abc import Sequence
 import psycopg
 
 from cdc_pipeline.config import PipelineConfig, SinkConfig
+from cdc_pipeline.postgres import catalog
 from cdc_pipeline.postgres.oids import FIRST_USER_OID, OID, OID_ALIASES, NamedOID
 from cdc_pipeline.postgres.pgtypeinfo import TYPE_SQL
 from cdc_pipeline.sinks import sink_class
 from cdc_pipeline.sinks.base import Sink
 from cdc_pipeline.state.typed_rows import Columns
 
+# json and money (and arrays of them) keep the JSON path, as do the OID alias types (oids.py: OID_ALIASES;
+# element types too): they print as names that only the source's catalog resolves, which a state database
+# elsewhere cannot parse back.
 _JSON_PATH_ONLY = frozenset({OID.JSON, OID.JSON_ARRAY, NamedOID.MONEY, NamedOID.MONEY_ARRAY})
-# OID alias types (oids.py: OID_ALIASES; element types too) print as names that only the source's catalog
-# resolves: a state database elsewhere cannot parse them back (JSON path).
-
-# Each non-generated column: name, type as SQL, and whether the type (or an array's element type) is an
-# enum, a built-in type, or something else.
-_COLUMN_KINDS = """
-SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.atttypid,
-       coalesce(e.typtype, t.typtype), coalesce(e.oid, t.oid), t.typelem <> 0 AND t.typlen = -1
-FROM pg_attribute a
-JOIN pg_type t ON t.oid = a.atttypid
-LEFT JOIN pg_type e ON e.oid = t.typelem AND t.typlen = -1 AND t.typelem <> 0
-WHERE a.attrelid = to_regclass(format('%%I.%%I', %s::text, %s::text)) AND a.attnum > 0 AND NOT a.attisdropped
-  AND a.attgenerated = ''
-ORDER BY a.attnum
-"""
 
 
 def takes_typed(config: PipelineConfig, sink: SinkConfig, sink_type: type[Sink] | None = None) -> bool:
@@ -59,13 +48,13 @@ def wanted(config: PipelineConfig, sinks: Sequence[str]) -> bool:
 def typed_columns(conn: psycopg.Connection, schema: str, table: str) -> Columns | None:
     """The table's typed shape (name, type in the destination), or None when a column keeps the JSON path."""
     out: list[tuple[str, str]] = []
-    for name, type_sql, oid, kind, base_oid, is_array in conn.execute(_COLUMN_KINDS, (schema, table)).fetchall():
-        if int(oid) in _JSON_PATH_ONLY or int(base_oid) in OID_ALIASES:
+    for c in catalog.column_kinds(conn, schema, table):
+        if c.type_oid in _JSON_PATH_ONLY or c.base_oid in OID_ALIASES:
             return None
-        if kind == "e":
-            out.append((str(name), "text[]" if is_array else "text"))
-        elif int(base_oid) < FIRST_USER_OID and kind == "b" and TYPE_SQL.fullmatch(str(type_sql)):
-            out.append((str(name), str(type_sql)))
+        if c.kind == "e":
+            out.append((c.name, "text[]" if c.is_array else "text"))
+        elif c.base_oid < FIRST_USER_OID and c.kind == "b" and TYPE_SQL.fullmatch(c.type_sql):
+            out.append((c.name, c.type_sql))
         else:
             return None
     return tuple(out) if out else None

@@ -35,7 +35,7 @@ from cdc_pipeline.capture.reconcile import watermark_hooks
 from cdc_pipeline.capture.relations import learn_relation
 from cdc_pipeline.config import PipelineConfig, redact
 from cdc_pipeline.core.backoff import next_delay_ms
-from cdc_pipeline.postgres import pgoutput, session
+from cdc_pipeline.postgres import catalog, pgoutput, session
 from cdc_pipeline.postgres.replication import Keepalive, ReplicationStream, XLogData, status_interval
 from cdc_pipeline.postgres.session import SESSION_OPTIONS as SESSION_OPTIONS  # re-exported
 from cdc_pipeline.state import retention
@@ -200,16 +200,15 @@ class Drain:
     def _prepare(self, source: psycopg.Connection, state: psycopg.Connection, stats: DrainStats) -> int:
         """Check the slot and publication, find gaps; returns the position to stream from."""
         cfg = self.config
-        slot = source.execute("SELECT (confirmed_flush_lsn - '0/0')::bigint, wal_status FROM pg_replication_slots "
-                              "WHERE slot_name = %s", (cfg.source.slot,)).fetchone()
+        slot = catalog.slot_position(source, cfg.source.slot)
         if slot is None:
             raise faults.DrainFatal(faults.slot_gone(cfg.source.slot))
         if slot[1] == "lost":
             raise faults.DrainFatal(faults.slot_lost(cfg.source.slot))
-        if not source.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (cfg.source.publication,)).fetchone():
+        if not catalog.publication_exists(source, cfg.source.publication):
             raise faults.DrainFatal(faults.publication_gone(cfg.source.publication))
         recorded = self.writer.load_progress(state)
-        confirmed = int(slot[0] or 0)
+        confirmed = slot[0]
         if recorded is None or recorded >= confirmed:
             stats.committed_lsn = max(stats.committed_lsn, recorded or 0)
             return recorded or 0

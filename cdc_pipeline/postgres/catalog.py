@@ -1,4 +1,5 @@
-"""Catalog queries against the source database (all identifiers passed as values or sql.Identifier)."""
+"""Catalog queries, all of them (identifiers passed as values or sql.Identifier): tables, columns, types,
+slots and publications of the source database, and whether a table exists in any database."""
 
 from __future__ import annotations
 
@@ -111,9 +112,20 @@ def slot_info(conn: psycopg.Connection, slot: str) -> dict[str, object] | None:
     return dict(zip(keys, row, strict=True))
 
 
+def slot_position(conn: psycopg.Connection, slot: str) -> tuple[int, str | None] | None:
+    """A slot's confirmed flush LSN (0 before it confirmed any) and WAL status; None if there is no such slot."""
+    row = conn.execute("SELECT (confirmed_flush_lsn - '0/0')::bigint, wal_status FROM pg_replication_slots "
+                       "WHERE slot_name = %s", (slot,)).fetchone()
+    return None if row is None else (int(row[0] or 0), row[1])
+
+
+def publication_exists(conn: psycopg.Connection, publication: str) -> bool:
+    return conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,)).fetchone() is not None
+
+
 def publication_tables(conn: psycopg.Connection, publication: str) -> set[str] | None:
     """The tables in a publication as 'schema.table', or None when it does not exist."""
-    if conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,)).fetchone() is None:
+    if not publication_exists(conn, publication):
         return None
     rows = conn.execute(
         "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s", (publication,)
@@ -207,6 +219,86 @@ ORDER BY a.attnum
 """
 
 
+# Each stored column (generated ones left out): name, type as SQL, and what its type (or an array's
+# element type) is: its kind (pg_type.typtype) and OID.
+_COLUMN_KINDS = """
+SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.atttypid,
+       coalesce(e.typtype, t.typtype), coalesce(e.oid, t.oid), t.typelem <> 0 AND t.typlen = -1
+FROM pg_attribute a
+JOIN pg_type t ON t.oid = a.atttypid
+LEFT JOIN pg_type e ON e.oid = t.typelem AND t.typlen = -1 AND t.typelem <> 0
+WHERE a.attrelid = to_regclass(format('%%I.%%I', %s::text, %s::text)) AND a.attnum > 0 AND NOT a.attisdropped
+  AND a.attgenerated = ''
+ORDER BY a.attnum
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnKind:
+    name: str
+    type_sql: str
+    type_oid: int
+    kind: str  # pg_type.typtype of the type, or of an array's element type: b(ase), e(num), d(omain), ...
+    base_oid: int  # the type's OID, or an array's element type's
+    is_array: bool
+
+
+def column_kinds(conn: psycopg.Connection, schema: str, name: str) -> list[ColumnKind]:
+    """The table's stored columns in order, with what their types are (see _COLUMN_KINDS)."""
+    return [ColumnKind(str(n), str(t), int(o), str(k), int(b), bool(a))
+            for n, t, o, k, b, a in conn.execute(_COLUMN_KINDS, (schema, name)).fetchall()]
+
+
 def inexact_columns(conn: psycopg.Connection, schema: str, name: str) -> dict[str, str]:
     """Columns (name -> 'money' or 'jsonb cast') whose values are exact only under conditions (see _INEXACT)."""
     return {str(r[0]): str(r[1]) for r in conn.execute(_INEXACT, (schema, name, FIRST_USER_OID)).fetchall()}
+
+
+def table_exists(conn: psycopg.Connection, schema: str, name: str) -> bool:
+    """Whether ``schema.name`` names a table (or another relation) in this database."""
+    row = conn.execute("SELECT to_regclass(format('%%I.%%I', %s::text, %s::text))", (schema, name)).fetchone()
+    return row is not None and row[0] is not None
+
+
+def table_oid(conn: psycopg.Connection, schema: str, name: str) -> int | None:
+    row = conn.execute("SELECT to_regclass(format('%%I.%%I', %s::text, %s::text))::oid", (schema, name)).fetchone()
+    return int(row[0]) if row and row[0] is not None else None
+
+
+def estimated_rows(conn: psycopg.Connection, schema: str, name: str) -> int | None:
+    """The planner's estimate of a table's rows (0 before it was first analyzed); None if it does not exist."""
+    row = conn.execute("SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = "
+                       "to_regclass(format('%%I.%%I', %s::text, %s::text))", (schema, name)).fetchone()
+    return int(row[0]) if row else None
+
+
+def total_size(conn: psycopg.Connection, schema: str, name: str) -> int | None:
+    """A table's bytes on disk, with its indexes and TOAST; None if it does not exist."""
+    row = conn.execute("SELECT pg_total_relation_size(c.oid) FROM pg_class c JOIN pg_namespace n "
+                       "ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s", (schema, name)).fetchone()
+    return int(row[0]) if row else None
+
+
+def column_flags(conn: psycopg.Connection, schema: str, name: str) -> dict[str, tuple[bool, bool]]:
+    """Each column of a table -> (declared NOT NULL, generated)."""
+    return {str(r[0]): (bool(r[1]), bool(r[2])) for r in conn.execute(
+        "SELECT attname, attnotnull, attgenerated <> '' FROM pg_attribute "
+        "WHERE attrelid = to_regclass(format('%%I.%%I', %s::text, %s::text)) AND attnum > 0 AND NOT attisdropped",
+        (schema, name)).fetchall()}
+
+
+def column_types(conn: psycopg.Connection, schema: str, name: str) -> dict[str, str]:
+    """Each column of a table -> its type as SQL (format_type); empty if the table does not exist."""
+    return {str(r[0]): str(r[1]) for r in conn.execute(
+        "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
+        "WHERE attrelid = to_regclass(format('%%I.%%I', %s::text, %s::text)) AND attnum > 0 AND NOT attisdropped",
+        (schema, name)).fetchall()}
+
+
+def leads_an_index(conn: psycopg.Connection, schema: str, name: str, column: str) -> bool:
+    """Whether a (not partial) index of the table starts with ``column``."""
+    row = conn.execute(
+        "SELECT EXISTS (SELECT 1 FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
+        "AND a.attnum = i.indkey[0] WHERE i.indrelid = to_regclass(format('%%I.%%I', %s::text, %s::text)) "
+        "AND a.attname = %s AND i.indpred IS NULL)", (schema, name, column)).fetchone()
+    return bool(row and row[0])

@@ -21,6 +21,7 @@ from typing import Any
 
 import psycopg
 from psycopg import conninfo as ci
+from psycopg import sql
 
 # Sessions that read or write record JSON must agree on how values print (see capture/json_text.py).
 # And on the bytes of text: typed reads are relayed as COPY bytes from the state session into a mirror's
@@ -114,11 +115,18 @@ def unlock(conn: psycopg.Connection, name: str) -> None:
     conn.execute(f"SELECT pg_advisory_unlock({LOCK_KEY_SQL})", (name,))
 
 
-def lock_holder_sql() -> str:
+def lock_held_sql(key: sql.Composable) -> sql.Composed:
+    """SQL true while some session of this database holds the session-level advisory lock whose bigint key
+    the expression ``key`` computes."""
+    return sql.SQL(
+        "EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.objsubid = 1 "
+        "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+        "AND ((l.classid::bigint << 32) | l.objid::bigint) = {})").format(key)
+
+
+def lock_holder_sql() -> sql.Composed:
     """SQL (one %s: the name) true while some session of this database holds the lock ``name``."""
-    return ("EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.objsubid = 1 "
-            "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
-            f"AND ((l.classid::bigint << 32) | l.objid::bigint) = {LOCK_KEY_SQL})")
+    return lock_held_sql(sql.SQL(LOCK_KEY_SQL))
 
 
 # -- pools ------------------------------------------------------------------------------------------

@@ -137,14 +137,9 @@ def runner_lock_key(backfill_id: str) -> str:
     return f"cdc_pipeline.backfill:{backfill_id}"
 
 
-_ALIVE = ("EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.objsubid = 1 "
-          "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
-          "AND ((l.classid::bigint << 32) | l.objid::bigint) = hashtext({key})::bigint)")
-
-
 def lock_held_sql(key: sql.Composable) -> sql.Composed:
     """SQL true while some session holds ``pg_advisory_lock(hashtext(key))`` in this database."""
-    return sql.SQL(_ALIVE).format(key=key)
+    return session.lock_held_sql(sql.SQL("hashtext({})::bigint").format(key))
 
 
 class BackfillStore(SchemaStore):
@@ -318,5 +313,6 @@ class BackfillStore(SchemaStore):
         return [(str(r[0]), str(r[1])) for r in rows]
 
     def drain_running(self, conn: psycopg.Connection, slot: str) -> bool:
-        row = conn.execute(f"SELECT {session.lock_holder_sql()}", (f"cdc_pipeline.drain:{slot}",)).fetchone()
+        row = conn.execute(sql.SQL("SELECT {}").format(session.lock_holder_sql()),
+                           (f"cdc_pipeline.drain:{slot}",)).fetchone()
         return bool(row and row[0])

@@ -10,6 +10,8 @@ from __future__ import annotations
 import psycopg
 from psycopg import sql
 
+from cdc_pipeline.postgres import catalog
+
 MIGRATIONS: list[str] = [
     # 1: the core
     """
@@ -269,8 +271,7 @@ def schema_exists(conn: psycopg.Connection, schema: str) -> bool:
 
 def pending_migrations(conn: psycopg.Connection, schema: str) -> int | None:
     """How many migrations `ensure_schema` would apply: None when the schema does not exist yet."""
-    row = conn.execute("SELECT to_regclass(format('%%I.schema_version', %s::text))", (schema,)).fetchone()
-    if not row or row[0] is None:
+    if not catalog.table_exists(conn, schema, "schema_version"):
         return None
     found = conn.execute(sql.SQL("SELECT coalesce(max(version), 0) FROM {}.schema_version")
                          .format(sql.Identifier(schema))).fetchone()

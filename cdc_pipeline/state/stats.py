@@ -7,6 +7,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from cdc_pipeline.postgres import catalog
+
 
 def drain_progress(conn: psycopg.Connection, schema: str, slot: str) -> dict[str, Any] | None:
     """What the drain last committed for a slot, and how long ago its last heartbeat was."""
@@ -21,13 +23,10 @@ def drain_progress(conn: psycopg.Connection, schema: str, slot: str) -> dict[str
 
 
 def log_stats(conn: psycopg.Connection, schema: str) -> dict[str, Any]:
-    row = conn.execute(sql.SQL(
-        "SELECT count(*), (SELECT pg_total_relation_size(c.oid) FROM pg_class c JOIN pg_namespace n "
-        "ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = 'change_log'), max(commit_lsn) "
-        "FROM {}.change_log"
-    ).format(sql.Identifier(schema)), (schema,)).fetchone()
+    row = conn.execute(sql.SQL("SELECT count(*), max(commit_lsn) FROM {}.change_log").format(
+        sql.Identifier(schema))).fetchone()
     assert row is not None
-    return {"messages": int(row[0]), "bytes": int(row[1]), "head_lsn": row[2]}
+    return {"messages": int(row[0]), "bytes": catalog.total_size(conn, schema, "change_log"), "head_lsn": row[1]}
 
 
 def sink_offset_row(conn: psycopg.Connection, schema: str, sink: str) -> dict[str, Any] | None:
@@ -55,5 +54,4 @@ def sink_lane_rows(conn: psycopg.Connection, schema: str, sink: str) -> list[dic
 
 def has_backfills(conn: psycopg.Connection, schema: str) -> bool:
     """False for a state schema from before backfills (`cdc-pipeline setup` migrates it)."""
-    row = conn.execute("SELECT to_regclass(format('%%I.backfills', %s::text))", (schema,)).fetchone()
-    return bool(row and row[0] is not None)
+    return catalog.table_exists(conn, schema, "backfills")

@@ -12,6 +12,7 @@ from typing import Any
 
 import psycopg
 
+from cdc_pipeline.postgres import catalog
 from cdc_pipeline.sinks.base import OutboundMessage, Sink, SinkConfigLike
 from cdc_pipeline.state.pull_queue import PullQueue
 
@@ -25,7 +26,7 @@ class HttpPullSink(Sink):
     @classmethod
     def status(cls, sink_config: SinkConfigLike, conn: psycopg.Connection, schema: str) -> dict[str, Any]:
         """The queue's counts, once `serve` or a delivery has made it."""
-        if not conn.execute("SELECT to_regclass(format('%%I.pull_queue', %s::text))", (schema,)).fetchone()[0]:
+        if not catalog.table_exists(conn, schema, "pull_queue"):
             return {}
         return {"pull_queue": PullQueue(schema).counts(conn, sink_config.name)}
 
