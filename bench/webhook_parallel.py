@@ -150,11 +150,13 @@ def end_to_end(args: argparse.Namespace, base: str) -> list[tuple[str, ...]]:
         modes = [("grouped", True), *([("ungrouped", False)] if args.ungrouped else [])]
         for chunk in args.chunks:
             for label, grouped in modes:
-                dest: dict[str, Any] = {"type": "webhook", "url": f"{base}/hook", "batch_size": chunk}
-                if args.max_in_flight:
-                    dest["max_in_flight"] = args.max_in_flight
-                sinks.append({"name": f"hook_{label}_{chunk}", "tables": ["public.items"],
-                              "message_grouping": grouped, "destination": dest})
+                for lanes in args.lanes:
+                    dest: dict[str, Any] = {"type": "webhook", "url": f"{base}/hook", "batch_size": chunk}
+                    if args.max_in_flight:
+                        dest["max_in_flight"] = args.max_in_flight
+                    sinks.append({"name": f"hook_{label}_{chunk}" + (f"_lanes{lanes}" if lanes > 1 else ""),
+                                  "tables": ["public.items"], "message_grouping": grouped, "lanes": lanes,
+                                  "destination": dest})
         cfg = write_config(work / "cdc.yaml", {
             "source": {"dsn": src, "slot": "bench", "publication": "bench"},
             "tables": [{"name": "public.items"}], "sinks": sinks})
@@ -168,20 +170,22 @@ def end_to_end(args: argparse.Namespace, base: str) -> list[tuple[str, ...]]:
             chunk = sink["destination"]["batch_size"]
             busy = wait_quiet(args.wait_quiet) if args.wait_quiet else cpu_busy(1.0)
             _call(base, "POST", "/reset")
-            t0 = time.monotonic()
-            proc = subprocess.run([CLI, "--config", str(cfg), "deliver", "--sink", sink["name"], "--until-idle"],
-                                  capture_output=True, text=True)
+            t0 = time.monotonic()  # one process per lane, as lanes are run
+            procs = [subprocess.Popen([CLI, "--config", str(cfg), "deliver", "--sink", sink["name"], "--lane", str(i),
+                                       "--until-idle"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                     for i in range(sink["lanes"])]
+            outputs = [p.communicate() for p in procs]
             seconds = time.monotonic() - t0
-            if proc.returncode != 0:
-                raise SystemExit(f"deliver failed:\n{proc.stdout}\n{proc.stderr}")
+            if any(p.returncode != 0 for p in procs):
+                raise SystemExit(f"deliver failed:\n{outputs}")
             s = _call(base, "GET", "/stats")
             t1 = time.monotonic()  # start-up alone: the same sink again, nothing left to deliver
-            subprocess.run([CLI, "--config", str(cfg), "deliver", "--sink", sink["name"], "--until-idle"],
-                           capture_output=True, check=True)
+            subprocess.run([CLI, "--config", str(cfg), "deliver", "--sink", sink["name"], "--lane", "0",
+                            "--until-idle"], capture_output=True, check=True)
             startup = time.monotonic() - t1
             ok = s["distinct"] == total and s["backwards"] == 0
             window = (s["last_at"] - s["first_at"]) if s["first_at"] else 0.0
-            limit = args.max_in_flight_shown * chunk / (args.latency_ms / 1000)
+            limit = sink["lanes"] * args.max_in_flight_shown * chunk / (args.latency_ms / 1000)
             rows.append((sink["name"], f"{total / seconds:,.0f}", f"{s['distinct'] / window:,.0f}" if window else "-",
                          f"{seconds:.2f}", f"{startup:.2f}", str(s["requests"]), str(s["peak"]), f"{limit:,.0f}",
                          f"{busy:.0%}", "ok" if ok else f"FAIL {s}"))
@@ -233,12 +237,14 @@ def main() -> None:
     ap.add_argument("--chunks", default="1,10", help="webhook batch_size values, comma-separated")
     ap.add_argument("--max-in-flight", type=int, default=None, help="the sink's max_in_flight (default: its own)")
     ap.add_argument("--ungrouped", action="store_true", help="also message_grouping: false")
+    ap.add_argument("--lanes", default="1", help="sink `lanes` values, comma-separated (one process per lane)")
     ap.add_argument("--sink-only", action="store_true", help="drive the sink directly (no cluster, no CLI)")
     ap.add_argument("--wait-quiet", type=float, default=0, metavar="S",
                     help="before each timed run, wait up to S seconds for other work to leave the CPUs idle")
     ap.add_argument("--keep", action="store_true")
     args = ap.parse_args()
     args.chunks = [int(c) for c in args.chunks.split(",")]
+    args.lanes = [int(n) for n in args.lanes.split(",")]
     try:
         from cdc_pipeline.sinks.webhook import MAX_IN_FLIGHT  # type: ignore[attr-defined]
     except ImportError:
