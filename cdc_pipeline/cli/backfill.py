@@ -117,6 +117,9 @@ def _manage(config: PipelineConfig, action: str, backfill_id: str | None, every:
             print(f"backfill {backfill_id} cancelled: pages already reconciled stay delivered; staged pages are dropped")
             return 0
         info = store.get(conn, backfill_id)
+        if info.status == "completed":  # the drain finished it after its process stopped or died: done
+            print(f"backfill {backfill_id} is already completed: {describe_backfill(info)}")
+            return 0
         if info.status == "paused":
             store.set_status(conn, backfill_id, "running")
         elif info.status != "running":
