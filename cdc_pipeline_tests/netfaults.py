@@ -38,6 +38,9 @@ class TcpProxy:
                 client, _ = listener.accept()
             except (TimeoutError, OSError):
                 continue
+            if stop.is_set():  # accepted while stop() cut the others: it must not outlive them
+                client.close()
+                continue
             client.settimeout(None)
             try:
                 upstream = socket.create_connection(self.target)
@@ -45,6 +48,10 @@ class TcpProxy:
                 client.close()
                 continue
             with self._lock:
+                if stop.is_set():
+                    client.close()
+                    upstream.close()
+                    continue
                 self._sockets += [client, upstream]
             for src, dst in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()

@@ -80,6 +80,7 @@ class ApiClient:
         self.token_refreshes = 0
         self.budget_requests = 0  # requests sent (each took a budget slot)
         self.last_sent_at = datetime.now(UTC)  # when the latest request left (after its slot came)
+        self.outage: str | None = None  # why the latest request is being retried (/readyz), None once answered
 
     def close(self) -> None:
         self._http.close()
@@ -135,6 +136,7 @@ class ApiClient:
 
     def _backoff(self, attempt: int, why: str) -> None:
         delay = min(30.0, 0.5 * 2**attempt)
+        self.outage = why
         log.warning("api source %s: %s; retrying in %.1f s", self.source.name, why, delay)
         if not self.waiter.wait(delay):
             raise Stopped()
@@ -185,6 +187,7 @@ class ApiClient:
             if resp.status_code >= 400:
                 raise ApiError(f"api source {self.source.name}: {method} {path} answered {resp.status_code}: "
                                f"{body_excerpt(resp.text)}", resp.status_code)
+            self.outage = None
             return resp.json()
 
 

@@ -46,6 +46,7 @@ class SyncStats:
     requests: int = 0
     records: int = 0
     deleted: int = 0
+    failures: int = 0  # turns that failed (the collection cooled down)
     seconds: float = 0.0
     collections: list[str] = field(default_factory=list)
 
@@ -76,6 +77,9 @@ class SourceSync:
         self.collections = [source.collection(n) for n in wanted]
         self.stats = SyncStats()
         self.worker = uuid.uuid4().hex
+        # Read live by /readyz (ops/): the client retrying a request, the collections cooling down.
+        self.client: ApiClient | None = None
+        self.owned: dict[str, _Runner] = {}
 
     def run(self, until_idle: bool = False, deadline: float | None = None) -> SyncStats:
         started = time.monotonic()
@@ -87,7 +91,7 @@ class SourceSync:
             waiter = Waiter(self.stop, deadline)  # no wait (slot, pause, backoff) outlives --seconds
             budget = SharedBudget(self.config.state_dsn, self.schema, self.source.name, self.source.rate_limit,
                                   sleep=waiter.wait)
-            client = ApiClient(self.source, budget, waiter)
+            client = self.client = ApiClient(self.source, budget, waiter)
             try:
                 for coll in self.collections:
                     writer.ensure_table(dest, coll)
@@ -135,6 +139,16 @@ class SourceSync:
                 if coll.name not in self.stats.collections:
                     self.stats.collections.append(coll.name)
 
+    def outages(self) -> list[str]:
+        """Why this source is not syncing now: a request being retried, collections cooling down after a
+        failure (empty when it syncs; a 429's pause is the API's pace, not an outage)."""
+        reasons = [f"api source {self.source.name}: retrying: {self.client.outage}"] \
+            if self.client is not None and self.client.outage else []
+        now = time.monotonic()
+        reasons += [f"api source {self.source.name}, collection {r.coll.name}: {r.cp.last_error}"
+                    for r in list(self.owned.values()) if r.cooldown_until > now and r.cp.last_error]
+        return reasons
+
     def _lock_key(self, collection: str) -> str:
         return f"cdc_pipeline.api_sync:{self.schema}:{self.source.name}:{collection}"
 
@@ -144,7 +158,7 @@ class SourceSync:
         collection whose check is running, else the longest overdue), so a sweep of any length adds one
         request per round and never holds a collection's polls back (the max lag in lag.py counts it)."""
         adapter = build_adapter(self.source, client)
-        owned: dict[str, _Runner] = {}
+        owned = self.owned = {}  # this run's: locks held by its state session
         while not self.stop.is_set() and (deadline is None or time.monotonic() < deadline):
             self._claim(state, owned)
             if until_idle and not owned:
@@ -181,6 +195,7 @@ class SourceSync:
             raise
         except (ApiError, httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
             r.failures += 1
+            self.stats.failures += 1
             r.idle = False
             r.cooldown_until = time.monotonic() + min(300.0, 2.0 * 2 ** min(r.failures, 8))
             r.cp.last_error = redact(f"{type(exc).__name__}: {exc}")[:500]

@@ -33,9 +33,10 @@ from cdc_pipeline.backfill.reader import PageReader, emit, page_sql
 from cdc_pipeline.backfill.request import BackfillRequest, TableShape, resolve, table_shape
 from cdc_pipeline.backfill.typed import typed_columns, wanted
 from cdc_pipeline.backfill.watermark import Watermark, page_token
-from cdc_pipeline.config import PipelineConfig
+from cdc_pipeline.config import PipelineConfig, redact
+from cdc_pipeline.core.backoff import next_delay_ms
 from cdc_pipeline.postgres import session
-from cdc_pipeline.state.backfills import BackfillConflict, BackfillStore
+from cdc_pipeline.state.backfills import FINISHED, BackfillConflict, BackfillStore
 from cdc_pipeline.state.typed_rows import ensure_row_type, record_shape
 
 __all__ = ["Backfiller", "BackfillRequest", "Progress", "TableShape", "page_sql", "resolve"]
@@ -44,6 +45,13 @@ log = logging.getLogger(__name__)
 
 APP_NAME = "cdc_pipeline.backfill"
 POLL_SECONDS = 0.05
+# After a lost session, how long the runner lock may stay held (by our old session, until the server ends
+# it: its keepalives take about 30 s) before another runner is assumed.
+LOCK_WAIT_S = 90.0
+
+
+class RunnerLockHeld(RuntimeError):
+    """After a lost session, the backfill's runner lock is still held."""
 
 
 class Backfiller:
@@ -77,7 +85,45 @@ class Backfiller:
 
     # -- the run ----------------------------------------------------------------------------------
     def run(self) -> Progress:
+        """A lost session (the source or state database restarting, a network cut) is opened again after
+        the drain's capped backoff (``drain.retry_initial_ms`` doubling up to ``drain.retry_max_ms``) and the
+        backfill goes on from its checkpoint in this run; one the drain completed meanwhile, or while this
+        process was failing, reports completed: the truth, not the failure."""
         started = time.monotonic()
+        attempt = 0
+        lock_wait_since: float | None = None
+        while True:
+            staged = self.progress.pages_staged if self.progress else -1
+            try:
+                return self._session(started)
+            except Exception as exc:
+                if isinstance(exc, RunnerLockHeld):
+                    lock_wait_since = lock_wait_since or time.monotonic()
+                    if time.monotonic() - lock_wait_since > LOCK_WAIT_S:
+                        raise BackfillConflict(str(exc), alive=True) from exc
+                elif self.progress is None:  # never got going (a wrong DSN, a server down): say so at once
+                    raise
+                elif not session.connection_lost(exc):
+                    if self._finished_meanwhile(started):
+                        return self.progress
+                    raise
+                progress = self.progress
+                assert progress is not None
+                if self._stop.is_set():
+                    progress.status = "interrupted"
+                    return progress
+                attempt = 1 if progress.pages_staged > staged else attempt + 1
+                retry = self.config.drain
+                delay = next_delay_ms(attempt, retry.retry_initial_ms, retry.retry_max_ms) / 1000
+                log.warning("backfill %s: lost its session (%s); retry %d in %.1f s, from its checkpoint",
+                            progress.backfill_id,
+                            redact(" ".join(f"{type(exc).__name__}: {exc}".split()))[:300], attempt, delay)
+                if self._stop.wait(delay):
+                    progress.status = "interrupted"
+                    return progress
+
+    def _session(self, started: float) -> Progress:
+        """One go with one pair of sessions: the first claims the backfill, a later one takes it up again."""
         src = session.connect(self.config.source.dsn, autocommit=True, application_name=APP_NAME)
         state: psycopg.Connection | None = None
         try:
@@ -86,28 +132,66 @@ class Backfiller:
             shape = table_shape(src, self.spec)
             reader = PageReader(self.config.state.schema_name, self.spec, shape, self.same_db, self.max_query_ms)
             warnings = []
-            if not shape.sort_indexed:
+            if not shape.sort_indexed and self.progress is None:
                 warnings.append(f"sort column {self.spec.sort_column!r} of {self.spec.table} is not the first column "
                                 f"of any index: every page scans the table; consider CREATE INDEX ON "
                                 f"{self.spec.table} ({self.spec.sort_column})")
                 log.warning(warnings[-1])
             reader.ensure_relation(src, state)
-            backfill_id, resumed = self._claim(state, shape)
-            reader = replace(reader, typed=self._typed_shape(src, state, backfill_id))
-            progress = self.progress = Progress(backfill_id, self.spec, "running", resumed=resumed, warnings=warnings)
-            if not resumed:
-                self.flow.pages.set_estimate(state, backfill_id, reader.estimate(src))
+            progress = self.progress
+            if progress is None:
+                backfill_id, resumed = self._claim(state, shape)
+                progress = self.progress = Progress(backfill_id, self.spec, "running", resumed=resumed,
+                                                    warnings=warnings)
+                if not resumed:
+                    self.flow.pages.set_estimate(state, backfill_id, reader.estimate(src))
+            elif not self._retake(state, progress, started):
+                return progress  # finished while the session was lost
+            reader = replace(reader, typed=self._typed_shape(src, state, progress.backfill_id))
             try:
                 self._run(src, state, reader, progress, started)
             except BaseException as exc:
-                progress.status = "failed"
-                self._record_error(state, backfill_id, f"{type(exc).__name__}: {exc}")
+                if not session.connection_lost(exc):  # a lost one is retried by run()
+                    progress.status = "failed"
+                    self._record_error(state, progress.backfill_id, f"{type(exc).__name__}: {exc}")
                 raise
             return progress
         finally:
             src.close()
             if state is not None:
                 state.close()  # releases the runner lock
+
+    def _retake(self, state: psycopg.Connection, progress: Progress, started: float) -> bool:
+        """After a lost session: the backfill's runner lock again (False when the drain finished it
+        meanwhile: reported as it is)."""
+        bid = progress.backfill_id
+        status = self.store.status(state, bid)
+        if status in FINISHED:
+            log.warning("backfill %s: %s while this process reconnected", bid, status)
+            progress.status = status
+            self._finish(state, progress, started)
+            return False
+        if not self.store.lock(state, bid):  # our old session, until the server ends it; or another runner
+            raise RunnerLockHeld(f"backfill {bid}: its runner lock is held by another session")
+        log.info("backfill %s: session open again; going on from its checkpoint", bid)
+        progress.resumed = True
+        return True
+
+    def _finished_meanwhile(self, started: float) -> bool:
+        """On a failure: whether the drain completed (or someone cancelled) the backfill regardless."""
+        assert self.progress is not None
+        try:
+            with session.connect(self.config.state_dsn, autocommit=True, application_name=APP_NAME) as state:
+                status = self.store.status(state, self.progress.backfill_id)
+                if status not in FINISHED:
+                    return False
+                log.warning("backfill %s: this process failed, but the backfill is %s", self.progress.backfill_id,
+                            status)
+                self.progress.status = status
+                self._finish(state, self.progress, started)
+                return True
+        except psycopg.Error:  # the state database is what failed: nothing to tell
+            return False
 
     def _claim(self, state: psycopg.Connection, shape: TableShape) -> tuple[str, bool]:
         waited = 0.0
@@ -216,9 +300,12 @@ class Backfiller:
             self._report(state, progress, started, "running" if reading else "completing")
         if progress.status not in ("interrupted", "cancelled"):
             self._await_completion(src, state, progress, started)
-        if progress.status in ("completed", "cancelled"):
+        self._finish(state, progress, started)
+
+    def _finish(self, state: psycopg.Connection, progress: Progress, started: float) -> None:
+        if progress.status in FINISHED:
             progress.drain_warning = ""
-            self.store.cleanup(state, bid)
+            self.store.cleanup(state, progress.backfill_id)
         self._report(state, progress, started, progress.status, force=True)
 
     def _await_completion(self, src: psycopg.Connection, state: psycopg.Connection, progress: Progress,

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from cdc_pipeline.cli.common import Verb, config_option, examples, load, stop_on_signals
+from cdc_pipeline.cli.common import Verb, config_option, examples, load, metrics_option, stop_on_signals
 from cdc_pipeline.config import ConfigError, PipelineConfig
 from cdc_pipeline.postgres import session
 
@@ -33,6 +33,7 @@ class Output:
     quiet: bool
     drain: bool
     max_query_ms: int | None
+    metrics_port: int | None = None
 
 
 @click.command(
@@ -58,10 +59,11 @@ class Output:
 @click.option("--all", "every", is_flag=True, help="list: include finished backfills")
 @click.option("--json", "as_json", is_flag=True, help="list: JSON output; run: print the result as JSON")
 @click.option("--quiet", is_flag=True, help="no progress lines")
+@metrics_option
 @click.pass_context
 def backfill(ctx: click.Context, target: str, backfill_id: str | None, sinks: tuple[str, ...],
              sort_column: str | None, start: str | None, end: str | None, max_query_ms: int | None, wait: bool,
-             drain: bool, every: bool, as_json: bool, quiet: bool) -> int:
+             drain: bool, every: bool, as_json: bool, quiet: bool, metrics_port: int | None) -> int:
     """Run a backfill of TABLE (schema.table or table) in the foreground: its rows go to its sinks as
     `read` messages (a drain must be running, or pass --drain). Or manage backfills: list, pause ID,
     resume ID, cancel ID. Rows whose sort column is NULL are not part of a partial backfill.
@@ -72,7 +74,7 @@ def backfill(ctx: click.Context, target: str, backfill_id: str | None, sinks: tu
     from cdc_pipeline.state.backfills import BackfillError
 
     config = load(ctx)
-    out = Output(as_json, quiet, drain, max_query_ms)
+    out = Output(as_json, quiet, drain, max_query_ms, metrics_port)
     try:
         if target in MANAGE:
             if target != "list" and not backfill_id:
@@ -115,6 +117,9 @@ def _manage(config: PipelineConfig, action: str, backfill_id: str | None, every:
             print(f"backfill {backfill_id} cancelled: pages already reconciled stay delivered; staged pages are dropped")
             return 0
         info = store.get(conn, backfill_id)
+        if info.status == "completed":  # the drain finished it after its process stopped or died: done
+            print(f"backfill {backfill_id} is already completed: {describe_backfill(info)}")
+            return 0
         if info.status == "paused":
             store.set_status(conn, backfill_id, "running")
         elif info.status != "running":
@@ -157,9 +162,14 @@ def _run(config: PipelineConfig, backfiller: Backfiller, out: Output) -> int:
         thread.start()
 
     stop_on_signals(backfiller.stop)
+    from cdc_pipeline.ops.health import start_ops
+
+    ops = start_ops(config, out.metrics_port, lambda: [backfiller, *([drain] if drain else [])])
     try:
         result = backfiller.run()
     finally:
+        if ops is not None:
+            ops.stop()
         if drain is not None and thread is not None:
             drain.stop()
             thread.join(60)

@@ -7,24 +7,36 @@ import logging
 
 import click
 
-from cdc_pipeline.cli.common import Verb, config_option, examples, load, stop_on_signals
+from cdc_pipeline.cli.common import Verb, config_option, examples, load, metrics_option, stop_on_signals
 
 
 @click.command(cls=Verb, short_help="HTTP API for pull consumers (http_pull sinks)", epilog=examples(
     "PULL_TOKEN=... cdc-pipeline serve                      # 127.0.0.1:8080",
-    "cdc-pipeline serve --host 0.0.0.0 --port 9000"))
+    "cdc-pipeline serve --host 0.0.0.0 --port 9000 --metrics-port 9108"))
 @config_option
 @click.option("--host", default="127.0.0.1", show_default=True, help="address to listen on")
 @click.option("--port", type=int, default=8080, show_default=True, help="port to listen on")
+@metrics_option
 @click.pass_context
-def serve(ctx: click.Context, host: str, port: int) -> int:
+def serve(ctx: click.Context, host: str, port: int, metrics_port: int | None) -> int:
     """Serve the receive/ack/nack API of every http_pull sink (OpenAPI at /openapi.json) until
     SIGTERM/SIGINT/SIGHUP; several servers may share one state database."""
     stop_on_signals()  # before the slow part: a signal during start-up is a clean stop
-    from cdc_pipeline.consumers.serve import serve as run_server
+    from cdc_pipeline.consumers.serve import server as build_server
+    from cdc_pipeline.ops.health import start_ops, state_reachable
 
     logging.getLogger("cdc_pipeline").setLevel(logging.INFO)  # a server says what it serves and waits for
-    return run_server(load(ctx), host=host, port=port)
+    config = load(ctx)
+    http = build_server(config, host=host, port=port)
+    # Ready once it accepts and while the state database answers: every request is a statement there.
+    ops = start_ops(config, metrics_port, list, [lambda: None if http.started else "serve: starting",
+                                                 state_reachable(config)], status_ready=False)
+    try:
+        http.run()
+        return 0
+    finally:
+        if ops is not None:
+            ops.stop()
 
 
 @click.command(cls=Verb, short_help="re-deliver a commit-time window of the log to one sink", epilog=examples(

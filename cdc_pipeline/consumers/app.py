@@ -28,6 +28,7 @@ from psycopg_pool import AsyncConnectionPool
 from pydantic import BaseModel, ConfigDict, Field
 
 from cdc_pipeline.config import PipelineConfig
+from cdc_pipeline.core.metrics_registry import PULL_MESSAGES, PULL_RECEIVE_SECONDS
 from cdc_pipeline.postgres import session
 from cdc_pipeline.sinks.http_pull.consumers import Consumer, consumers_of
 from cdc_pipeline.state.pull_queue import NOTIFY_CHANNEL, PullQueue
@@ -152,7 +153,8 @@ class PullService:
     async def receive(self, who: Consumer, batch_size: int, wait_for_ms: int,
                       disconnected: Callable[[], Awaitable[bool]]) -> bytes | None:
         """The response body, or None when the client left while it waited (nothing was handed out)."""
-        deadline = time.monotonic() + wait_for_ms / 1000
+        began = time.monotonic()
+        deadline = began + wait_for_ms / 1000
         while True:
             woken = self.wakeups.current(who.name)
             # The lock first: receivers queued behind it hold no pooled connection that acks need.
@@ -163,6 +165,7 @@ class PullService:
             if got or left <= 0:
                 break
             if await disconnected():
+                PULL_RECEIVE_SECONDS.labels(who.name, "gone").observe(time.monotonic() - began)
                 return None
             if time.monotonic() - self.last_wait_log.get(who.name, 0.0) >= WAIT_LOG_SECONDS:  # not per request
                 self.last_wait_log[who.name] = time.monotonic()
@@ -170,6 +173,8 @@ class PullService:
                          who.name, left * 1000)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(woken.wait(), min(left, POLL_SECONDS))
+        PULL_RECEIVE_SECONDS.labels(who.name, "messages" if got else "empty").observe(time.monotonic() - began)
+        PULL_MESSAGES.labels(who.name, "received").inc(len(got))
         # Ack ids are digits and a dot: no escaping needed.
         return b'{"data":[' + ",".join(
             f'{{"ack_id":"{m.ack_id}","message":{m.payload}}}' for m in got).encode() + b"]}"
@@ -177,6 +182,7 @@ class PullService:
     async def settle(self, who: Consumer, ack_ids: list[str], nack: bool = False) -> bytes:
         async with self.pool.connection() as conn:
             settled, stale = await self.queue.settle(conn, who.name, ack_ids, nack=nack)
+        PULL_MESSAGES.labels(who.name, "nacked" if nack else "acked").inc(settled)
         if nack and settled:
             self.wakeups.fire(who.name)
         # ASCII escapes: a fuzzed id with a lone surrogate must not fail to encode (a 500).

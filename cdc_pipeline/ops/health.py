@@ -76,9 +76,10 @@ def _run(check: Check) -> str | None:
 
 
 def start_ops(config: PipelineConfig, port: int | None, runners: Callable[[], list[Any]],
-              ready: list[Check] | None = None) -> OpsServer | None:
+              ready: list[Check] | None = None, status_ready: bool = True) -> OpsServer | None:
     """Serve metrics and health for this command when a port is given (`--metrics-port`, else
-    `metrics.port`); None when off. Readiness includes the state database answering `status`."""
+    `metrics.port`); None when off. Readiness includes the databases answering `status` unless
+    ``status_ready`` is False (a command that needs only the state database checks that itself)."""
     port = port if port is not None else config.metrics.port
     if port is None:
         return None
@@ -92,4 +93,21 @@ def start_ops(config: PipelineConfig, port: int | None, runners: Callable[[], li
         collector.status()
         return f"state database: {collector.status_error}" if collector.status_error else None
 
-    return OpsServer(config.metrics.host, port, live=[], ready=[state_db, *(ready or [])]).start()
+    checks = [state_db] if status_ready else []
+    return OpsServer(config.metrics.host, port, live=[], ready=[*checks, *(ready or [])]).start()
+
+
+def state_reachable(config: PipelineConfig, timeout_s: int = 3) -> Check:
+    """Ready while a new session to the state database answers (what `serve` needs, nothing else)."""
+    from cdc_pipeline.postgres import session
+
+    def check() -> str | None:
+        try:
+            with session.connect(config.state_dsn, autocommit=True, connect_timeout=timeout_s,
+                                 application_name="cdc_pipeline readyz") as conn:
+                conn.execute("SELECT 1")
+        except Exception as exc:  # the reason, never the DSN
+            return f"state database: {type(exc).__name__}"
+        return None
+
+    return check

@@ -1,14 +1,15 @@
 """Prometheus metrics of a long-running command (`--metrics-port` / `metrics.port`), through
 prometheus-client. Two kinds:
 
-- counters of this process's own work, read from its runners' stats at scrape time (changes logged,
-  messages delivered/parked/retried per sink, outage retries) and the batch latency histogram;
+- counters of this process's own work, read from its runners at scrape time (changes logged, messages
+  delivered/parked/retried per sink, outage retries, API requests (ops/api_metrics.py), backfill rows and
+  pages (ops/backfill_metrics.py)) and the histograms recorded as the work happens (core/metrics_registry.py);
 - gauges of the pipeline's state, from the same `status.collect` that `cdc-pipeline status` prints (slot lag
-  bytes and seconds, retained WAL, sink lag and parked messages, pull queue depth), refreshed at most every
-  STATUS_SECONDS so a scrape never loads the database more than that.
+  bytes and seconds, retained WAL, sink lag and parked messages, pull queue depth, API budget and lag),
+  refreshed at most every STATUS_SECONDS so a scrape never loads the database more than that.
 
-Names carry their unit and `_total` for counters; labels are bounded: the sink's name, a queue state, never a
-key or an id.
+Names carry their unit and `_total` for counters; labels are bounded: a sink's, table's, API source's or
+collection's configured name, a queue state, never a key or an id.
 """
 
 from __future__ import annotations
@@ -22,13 +23,17 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from cdc_pipeline.ops.api_metrics import api_counters, api_gauges
+from cdc_pipeline.ops.backfill_metrics import backfill_metrics
+
 log = logging.getLogger(__name__)
 
 STATUS_SECONDS = 2.0
 
 
 class PipelineCollector(Collector):
-    """``runners()``: the drain and deliverers of this process (objects with a ``stats`` attribute)."""
+    """``runners()``: the drain, deliverers, API syncs and backfillers of this process (objects with a
+    ``stats`` or ``progress`` attribute, read live)."""
 
     def __init__(self, status: Callable[[], dict[str, Any]], runners: Callable[[], list[Any]]) -> None:
         self._status_fn, self._runners = status, runners
@@ -49,8 +54,18 @@ class PipelineCollector(Collector):
             return self._cached[1]
 
     def collect(self) -> Iterator[Metric]:
-        yield from _own_counters(self._runners())
-        yield from _state_gauges(self.status())
+        runners = self._runners()
+        syncs = [r for r in runners if hasattr(r, "stats") and hasattr(r, "source")]
+        backfills = [r for r in runners if hasattr(r, "progress")]
+        yield from _own_counters([r for r in runners if r not in syncs and r not in backfills])
+        if syncs:
+            yield from api_counters(syncs)
+        if backfills:
+            yield from backfill_metrics(backfills)
+        status = self.status()
+        yield from _state_gauges(status)
+        if status.get("api_sync"):
+            yield from api_gauges(status["api_sync"])
 
 
 def _own_counters(runners: list[Any]) -> Iterator[Metric]:

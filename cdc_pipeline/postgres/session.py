@@ -74,6 +74,20 @@ def connect(dsn: str, *, statement_timeout_ms: int | None = None, lock_timeout_m
     return psycopg.connect(info, **kwargs)
 
 
+# SQLSTATEs of a session the server ended: admin_shutdown (a fast or smart stop, a restart),
+# crash_shutdown, cannot_connect_now (still starting or stopping).
+_SERVER_GONE = ("57P01", "57P02", "57P03")
+
+
+def connection_lost(exc: BaseException) -> bool:
+    """The session is gone or could not be opened (a server restart, a network cut): a new one may work.
+    Not a failing statement (a timeout, a constraint, a missing table), which a new session would repeat."""
+    if not isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
+        return False
+    code = exc.sqlstate or ""
+    return not code or code.startswith("08") or code in _SERVER_GONE
+
+
 # -- advisory locks ---------------------------------------------------------------------------------
 # Keys are 64-bit hashes of a name: 32-bit ``hashtext`` collides often enough (~1 in 77,000 pairs of
 # names) to refuse a second slot's or sink's lock for no reason.

@@ -4,6 +4,7 @@ children and the embedded cluster; a second signal forces."""
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import time
@@ -24,7 +25,7 @@ from cdc_pipeline_tests.api_fakes import T0, FakeApi
 from cdc_pipeline_tests.conftest import Database
 from cdc_pipeline_tests.helpers import mirror_config, wait_until
 from cdc_pipeline_tests.integration.test_api_sync import api_config, sf_source
-from cdc_pipeline_tests.processes import alive, assert_none_left, descendants, spawn, stop
+from cdc_pipeline_tests.processes import assert_none_left, descendants, spawn, stop
 
 SIGNALS = [signal.SIGTERM, signal.SIGINT, signal.SIGHUP]
 
@@ -120,9 +121,18 @@ def test_serve_stops_cleanly(signum: int, source_db: Database, db_factory: Calla
         except OSError:
             return False
 
-    with _running(spawn(config.path, "serve", "--port", str(port))) as proc:
-        _signal_and_check(proc, signum, answers)
-    assert not answers()
+    metrics = free_port()  # its metrics server (a thread) stops with it too
+    with _running(spawn(config.path, "serve", "--port", str(port), "--metrics-port", str(metrics))) as proc:
+        _signal_and_check(proc, signum, lambda: answers() and _answers(metrics))
+    assert not answers() and not _answers(metrics)
+
+
+def _answers(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
 
 
 @pytest.mark.parametrize("signum", SIGNALS, ids=lambda s: s.name)
@@ -142,9 +152,11 @@ def test_api_sync_stops_cleanly(signum: int, source_db: Database, tmp_path: Path
                 bool(source_db.execute("SELECT count(*) FROM cdc_pipeline.api_sync_collections "
                                        "WHERE backfill_records > 0")[0][0])
 
-        with _running(spawn(str(path), "api-sync", env=env)) as proc:
-            out = _signal_and_check(proc, signum, checkpointed)
+        metrics = free_port()
+        with _running(spawn(str(path), "api-sync", "--metrics-port", str(metrics), env=env)) as proc:
+            out = _signal_and_check(proc, signum, lambda: checkpointed() and _answers(metrics))
     assert "api source sf:" in out
+    assert not _answers(metrics)
 
 
 def _postmaster(root: Path) -> psutil.Process | None:
@@ -156,26 +168,50 @@ def _postmaster(root: Path) -> psutil.Process | None:
     return None
 
 
-@pytest.mark.parametrize("signum", SIGNALS, ids=lambda s: s.name)
-def test_demo_stops_everything_it_started(signum: int, tmp_path: Path) -> None:
-    """`dagster dev` (daemon, webserver, code server, run workers, their JVMs) and the embedded cluster."""
+@contextmanager
+def _demo_running(tmp_path: Path) -> Iterator[tuple[Popen[str], Path, dict[int, str]]]:
+    """The demo, up to its sensors' runs (run workers and a JVM among its descendants): the process, its
+    log, and every process it started (with the embedded cluster, a daemon outside its descendants)."""
     port = free_port()
     log = tmp_path / "demo.out"
     with log.open("w") as out, _running(Popen([*spawn_args(), "demo", "--port", str(port)], stdout=out,
                                               stderr=out, text=True, start_new_session=True)) as proc:
         wait_until(lambda: proc.poll() is not None or "config: " in log.read_text(), 300, "the demo to start")
         root = Path(re.search(r"^config: (.+)/cdc\.yaml$", log.read_text(), re.M).group(1))  # type: ignore[union-attr]
-        # Running: the sensors' drain and delivery runs are up (run workers and a JVM among its descendants).
         wait_until(lambda: proc.poll() is not None or sum(n == "java" for n in descendants(proc.pid).values()) >= 1,
                    420, "a run worker's JVM")
         cluster = _postmaster(root)
         assert cluster is not None and cluster.is_running()
-        started = {**descendants(proc.pid), cluster.pid: cluster.name()}
-        proc.send_signal(signum)
+        yield proc, log, {**descendants(proc.pid), cluster.pid: cluster.name()}
+
+
+# One demo start per case (each costs about a minute): the other signals' clean stops are the same handler
+# (ops/signals.py), tested to completion on drain, deliver, serve and api-sync above.
+def test_demo_stops_everything_it_started(tmp_path: Path) -> None:
+    """SIGTERM (a process manager, `timeout`): `dagster dev` (daemon, webserver, code server, run workers,
+    their JVMs) and the embedded cluster stop, and it exits 0."""
+    with _demo_running(tmp_path) as (proc, log, started):
+        proc.send_signal(signal.SIGTERM)
         proc.wait(180)
     assert proc.returncode == 0, log.read_text()[-3000:]
     assert_none_left(started, 60)
-    print("left after the demo:", alive(started))
+
+
+def test_demo_ctrl_c_then_a_closing_terminal_forces(tmp_path: Path) -> None:
+    """Ctrl-C as a terminal sends it (SIGINT to the whole foreground process group) starts the clean stop;
+    SIGHUP during it forces: exit 128 + 1 at once, everything it started killed, the cluster too."""
+    with _demo_running(tmp_path) as (proc, log, started):
+        os.killpg(proc.pid, signal.SIGINT)
+        wait_until(lambda: proc.poll() is not None or "SIGINT: stopping cleanly" in log.read_text(), 60,
+                   "the clean stop to begin")
+        assert proc.poll() is None, "stopped before the second signal: " + log.read_text()[-3000:]
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGHUP)
+        proc.wait(60)
+        forced_in = time.monotonic() - t0
+    assert proc.returncode == 128 + signal.SIGHUP, log.read_text()[-3000:]
+    assert forced_in < 30, f"the forced stop took {forced_in:.1f} s"
+    assert_none_left(started, 60)
 
 
 def spawn_args() -> list[str]:
