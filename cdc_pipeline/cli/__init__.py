@@ -2,41 +2,50 @@
 that does the job.
 
 One small module per verb group; to add a verb, write a `click.command` in its group's module (or a new
-one) and add it to `COMMANDS` below. `main(argv)` returns the exit code: 0 done, 1 failed, 2 a config or
+one) and add it to `VERBS` below. `main(argv)` returns the exit code: 0 done, 1 failed, 2 a config or
 usage error (one line on stderr, never a secret), 130 an interrupted backfill.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
 from collections.abc import Sequence
 
 import click
 
-from cdc_pipeline.cli import api_sync, backfill, capture, consumers, delivery, demo, setup_check, status
 from cdc_pipeline.cli.common import CONFIG_HELP, Settings, examples, expand_prefixes
 from cdc_pipeline.config import ConfigError, redact
 
-# Registration, in the order `--help` lists them.
-COMMANDS: tuple[click.Command, ...] = (
-    setup_check.check,
-    setup_check.setup,
-    capture.drain,
-    delivery.deliver,
-    status.status,
-    delivery.failed,
-    backfill.backfill,
-    api_sync.api_sync,
-    consumers.serve,
-    consumers.replay,
-    demo.demo,
-)
+# Registration, in the order `--help` lists them: verb -> its module in this package and command. A verb's
+# module is imported when the verb runs, so each pays only for its own start-up (a `deliver` does not import
+# the backfill's or the demo's code).
+VERBS: dict[str, str] = {
+    "check": "setup_check:check",
+    "setup": "setup_check:setup",
+    "drain": "capture:drain",
+    "deliver": "delivery:deliver",
+    "status": "status:status",
+    "failed": "delivery:failed",
+    "backfill": "backfill:backfill",
+    "api-sync": "api_sync:api_sync",
+    "serve": "consumers:serve",
+    "replay": "consumers:replay",
+    "demo": "demo:demo",
+}
 
 
 class _Verbs(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return list(self.commands)  # registration order, not alphabetical
+        return list(VERBS)  # registration order, not alphabetical
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in VERBS:
+            return None
+        module, _, name = VERBS[cmd_name].partition(":")
+        command: click.Command = getattr(importlib.import_module(f"cdc_pipeline.cli.{module}"), name)
+        return command
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         return super().parse_args(ctx, expand_prefixes(self, ctx, args, until_verb=True))
@@ -59,8 +68,10 @@ def cli(ctx: click.Context, config: str | None, verbose: bool) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-for _command in COMMANDS:
-    cli.add_command(_command)
+def commands() -> dict[str, click.Command]:
+    """Every verb's command, imported (for the generated reference)."""
+    ctx = click.Context(cli)
+    return {name: command for name in VERBS if (command := cli.get_command(ctx, name)) is not None}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -7,7 +7,7 @@ import inspect
 
 import click
 
-from cdc_pipeline.cli import cli
+from cdc_pipeline.cli import cli, commands
 from cdc_pipeline.reference.markdown import code, table
 
 INTRO = """\
@@ -71,10 +71,11 @@ def _verb(name: str, command: click.Command, root: click.Context) -> str:
 
 def render() -> str:
     root = click.Context(cli, info_name="cdc-pipeline")
+    verbs = commands()
     parts = [INTRO, "## Global options\n\n", f"{_text(cli.help)}\n\n", _options(cli, root), "\n",
              _examples(cli.epilog), "## Verbs\n\n",
              table(["verb", "what it does"],
                    [[f"[{code(n)}](#{n.replace('-', '-')})", c.get_short_help_str(limit=200)]
-                    for n, c in cli.commands.items()]), "\n"]
-    parts += [_verb(name, command, root) for name, command in cli.commands.items()]
+                    for n, c in verbs.items()]), "\n"]
+    parts += [_verb(name, command, root) for name, command in verbs.items()]
     return "".join(parts).rstrip("\n") + "\n"
