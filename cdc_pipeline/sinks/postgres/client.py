@@ -26,8 +26,9 @@ from cdc_pipeline.postgres.compose import execute
 from cdc_pipeline.postgres.keyset import parse_qualified
 from cdc_pipeline.postgres.oids import FIRST_USER_OID
 from cdc_pipeline.sinks.base import NOT_SENT, OutboundMessage, Sink, SinkConfigLike, SinkUnavailable
-from cdc_pipeline.sinks.postgres import OFFSETS_SCHEMA, typed
+from cdc_pipeline.sinks.postgres import typed
 from cdc_pipeline.sinks.postgres.grants import grant_findings
+from cdc_pipeline.sinks.postgres.own_position import OwnPosition
 from cdc_pipeline.sinks.routes import route_problem
 from cdc_pipeline.state.typed_log import TypedRun
 
@@ -43,7 +44,7 @@ class _RunMismatch(Exception):
 class PostgresSink(Sink):
     def __init__(self, sink_config: object) -> None:
         self.name = sink_config.name  # type: ignore[attr-defined]
-        self._position_key = self.name  # a lane's own key with lanes (bind_lane)
+        self._own = OwnPosition(self.name)  # its own record of its position (own_position.py)
         self.dest = sink_config.destination  # type: ignore[attr-defined]
         self.mode: str = self.dest.mode
         self.holds_rows = self.mode == "mirror"
@@ -51,7 +52,6 @@ class PostgresSink(Sink):
         self._describe: Callable[[str], TableInfo | None] = lambda table: None
         self._shapes: dict[str, tuple[str, ...]] = {}  # target table -> columns it was synced to
         self._pending: dict[str, tuple[str, ...]] = {}  # synced in the open transaction (lost on rollback)
-        self._ceiling: tuple[int, int] | None = None  # never record a position at or past this one
 
     # -- capabilities (sinks/base.py): a mirror acts on truncates and writes the source's values, typed ----
     @classmethod
@@ -83,11 +83,7 @@ class PostgresSink(Sink):
         except psycopg.OperationalError as exc:
             raise SinkUnavailable(f"postgres sink {self.name!r}: cannot connect ({type(exc).__name__})") from exc
         self._ddl_lock()
-        self.conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(OFFSETS_SCHEMA)))
-        self.conn.execute(sql.SQL(
-            "CREATE TABLE IF NOT EXISTS {}.offsets (sink text PRIMARY KEY, commit_lsn bigint NOT NULL, "
-            "commit_idx integer NOT NULL, updated_at timestamptz NOT NULL DEFAULT now())"
-        ).format(sql.Identifier(OFFSETS_SCHEMA)))
+        OwnPosition.create(self.conn)
         self.conn.execute(
             "CREATE TEMP TABLE IF NOT EXISTS _cdc_stage (seq integer, lsn bigint, idx integer, grp text, "
             "route text, msg jsonb) ON COMMIT DELETE ROWS"
@@ -106,16 +102,13 @@ class PostgresSink(Sink):
 
     def position(self) -> tuple[int, int] | None:
         assert self.conn is not None
-        row = self.conn.execute(
-            sql.SQL("SELECT commit_lsn, commit_idx FROM {}.offsets WHERE sink = %s").format(
-                sql.Identifier(OFFSETS_SCHEMA)), (self._position_key,)).fetchone()
-        self.conn.commit()
-        return (int(row[0]), int(row[1])) if row else None
+        return self._own.read(self.conn)
 
     def bind_lane(self, key: str) -> None:
-        self._position_key = key
+        self._own.key = key
+
     def hold_position_below(self, position: tuple[int, int] | None) -> None:
-        self._ceiling = position
+        self._own.ceiling = position
 
     def close(self) -> None:
         if self.conn is not None:
@@ -233,17 +226,8 @@ class PostgresSink(Sink):
         return self.conn
 
     def _record(self, last: tuple[int, int]) -> None:
-        """The sink's position, in the batch's transaction."""
         assert self.conn is not None
-        # The engine parks a message at the ceiling only in its own later commit: a crash before it must
-        # resume at that message (replaying sent ones after it is harmless; skipping it is not).
-        if self._ceiling is not None:
-            last = min(last, (self._ceiling[0], self._ceiling[1] - 1))
-        self.conn.execute(sql.SQL(
-            "INSERT INTO {}.offsets AS o (sink, commit_lsn, commit_idx) VALUES (%s, %s, %s) "
-            "ON CONFLICT (sink) DO UPDATE SET commit_lsn = excluded.commit_lsn, commit_idx = excluded.commit_idx, "
-            "updated_at = now() WHERE (o.commit_lsn, o.commit_idx) < (excluded.commit_lsn, excluded.commit_idx)"
-        ).format(sql.Identifier(OFFSETS_SCHEMA)), (self._position_key, last[0], last[1]))
+        self._own.record(self.conn, last)
 
     def _route_problem(self, m: OutboundMessage) -> str | None:
         return route_problem(m.route, getattr(self.dest, "route_schemas", None)) if self.mode == "append" else None
