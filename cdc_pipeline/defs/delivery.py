@@ -1,5 +1,6 @@
 """Per sink: its asset (what the sink holds), materialized by a long-lived delivery run; the delivery
-job; and the delivery sensor that keeps one run per lagging sink alive.
+job (one per lane of a sink with `lanes: N`, core/lanes.py); and the delivery sensor that keeps one run per
+lagging sink (or lane) alive.
 
 A delivery run keeps its SparkSession warm and polls the change log as `cdc-pipeline deliver` does,
 for `delivery.run_minutes` (then the sensor starts the next one if the sink lags), recording the
@@ -34,6 +35,7 @@ from dagster import (
 
 from cdc_pipeline.config import PipelineConfig, SinkConfig
 from cdc_pipeline.config.errors import describe_error
+from cdc_pipeline.core.lanes import lane_name
 from cdc_pipeline.defs.asset_data import SinkData
 from cdc_pipeline.defs.health import sink_check_specs, sink_checks, sink_figures
 from cdc_pipeline.defs.resources import CdcConfigResource, SinksResource, SparkResource
@@ -43,6 +45,7 @@ from cdc_pipeline.defs.tags import AFTER_TAG, NO_RUN_RETRIES, delivery_run_tags
 from cdc_pipeline.defs.translator import CdcTranslator, asset_args
 from cdc_pipeline.delivery.engine import Deliverer, DeliveryStats
 from cdc_pipeline.postgres import session
+from cdc_pipeline.state.lanes import SinkLanes
 from cdc_pipeline.state.store import Store
 
 EVENT_SECONDS = 5.0  # how often a running delivery records its figures
@@ -53,13 +56,14 @@ SENSOR_CHECK_SECONDS = 30.0  # the sensor records a lagging sink's checks when n
 
 
 class DeliveryRunConfig(Config):
+    lane: int = 0  # the lane this run delivers (its job sets it: deliver_<sink>_lane<I>)
     dry_run: bool = False
     max_seconds: float | None = None  # empty: delivery.run_minutes from cdc.yaml
     until_idle: bool = False  # stop once the sink has caught up (a one-off catch-up)
 
 
-def delivery_job_name(sink_name: str) -> str:
-    return f"deliver_{sink_name.replace('-', '_')}"
+def delivery_job_name(sink_name: str, lane: int = 0, lanes: int = 1) -> str:
+    return f"deliver_{sink_name.replace('-', '_')}" + (f"_lane{lane}" if lanes > 1 else "")
 
 
 def build_sink_asset(sink: SinkConfig, spec: AssetSpec) -> AssetsDefinition:
@@ -73,7 +77,7 @@ def build_sink_asset(sink: SinkConfig, spec: AssetSpec) -> AssetsDefinition:
         sink_config = pipeline.sink(sink.name)
         destination = None if config.dry_run else sinks.build(sink.name)
         deliverer = Deliverer(pipeline, sink_config, pyspark.spark_session, sink=destination,
-                              dry_run=config.dry_run)
+                              dry_run=config.dry_run, lane=config.lane)
         seconds = config.max_seconds or pipeline.delivery.run_minutes * 60
         state: dict[str, Any] = {"delivered": None, "at": time.monotonic(), "checked": 0.0, "passed": None}
 
@@ -95,7 +99,7 @@ def build_sink_asset(sink: SinkConfig, spec: AssetSpec) -> AssetsDefinition:
             return events
 
         stats = yield from stream_while(
-            f"cdc-deliver-{sink.name}", lambda: deliverer.run(until_idle=config.until_idle, seconds=seconds),
+            f"cdc-deliver-{deliverer.lane.name}", lambda: deliverer.run(until_idle=config.until_idle, seconds=seconds),
             deliverer.stop, poll, EVENT_SECONDS,
             lambda exc: context.log.warning(f"could not read sink {sink.name}'s figures: {exc}"),
             lambda result: context.log.info(_stopped(sink.name, result)))
@@ -115,22 +119,34 @@ def _stopped(name: str, result: Any) -> str:
     return f"delivery to {name} stopped on request ({result})"
 
 
-def build_delivery_job(sink: SinkConfig, key: AssetKey) -> Any:
-    return define_asset_job(
-        delivery_job_name(sink.name), selection=[key],
-        tags={**delivery_run_tags(sink.name), **NO_RUN_RETRIES},
-        executor_def=in_process_executor, description=f"Delivers the change log to sink {sink.name} (long-lived)")
+def build_delivery_jobs(sink: SinkConfig, asset_def: AssetsDefinition) -> list[Any]:
+    """The sink's delivery job, or one per lane: the same asset, each with its lane in the run config."""
+    return [define_asset_job(
+        delivery_job_name(sink.name, lane, sink.lanes), selection=[asset_def.key],
+        config={"ops": {asset_def.op.name: {"config": {"lane": lane}}}} if sink.lanes > 1 else None,
+        tags={**delivery_run_tags(lane_name(sink.name, lane, sink.lanes)), **NO_RUN_RETRIES},
+        executor_def=in_process_executor,
+        description=f"Delivers the change log to sink {sink.name}" + (f", lane {lane} of {sink.lanes}"
+                                                                      if sink.lanes > 1 else "") + " (long-lived)")
+        for lane in range(sink.lanes)]
 
 
-def due_sinks(pipeline: PipelineConfig) -> list[str]:
-    """Sinks with work: messages after their offset, or parked messages whose retry is due."""
+def due_lanes(pipeline: PipelineConfig) -> list[tuple[str, int]]:
+    """Sinks' lanes with work: messages after their offset, or parked messages whose retry is due; every lane
+    of a sink whose split is to change (its new lanes make the change)."""
     store = Store(pipeline.state.schema_name)
+    splits = SinkLanes(pipeline.state.schema_name)
     out = []
     with session.connect(pipeline.state_dsn, autocommit=True) as conn:
         for sink in pipeline.sinks:
-            offset = store.sink_offset(conn, sink.name)
-            if store.backlog(conn, sink.tables, offset, sink.name, 1) or store.due_retries(conn, sink.name, 1):
-                out.append(sink.name)
+            if splits.split(conn, sink.name)[0].lanes != sink.lanes:
+                out += [(sink.name, lane) for lane in range(sink.lanes)]
+                continue
+            for lane in range(sink.lanes):
+                offset = store.sink_offset(conn, sink.name, lane)
+                if store.backlog(conn, sink.tables, offset, sink.name, 1) or store.due_retries(conn, sink.name, 1,
+                                                                                               lane):
+                    out.append((sink.name, lane))
     return out
 
 
@@ -144,12 +160,13 @@ def build_delivery_sensor(jobs: list[Any], keys: dict[str, AssetKey], interval: 
         # The cursor: when each sink's checks were last recorded by this sensor (JSON {sink: epoch s}).
         checked: dict[str, float] = json.loads(context.cursor) if context.cursor else {}
         requests, events = [], []
-        for name in due_sinks(pipeline):
+        for name, lane in due_lanes(pipeline):
             # A first run when none is active (after a backoff if the last ones failed), or the successor
             # of a run near its end. No run key: Dagster skips a run key it has seen, and an idle source
             # with parked messages coming due would repeat one; next_run checked the active runs.
-            request = next_run(context, delivery_job_name(name), delivery_run_tags(name),
-                               pipeline.delivery.run_minutes * 60)
+            lanes = pipeline.sink(name).lanes
+            request = next_run(context, delivery_job_name(name, lane, lanes),
+                               delivery_run_tags(lane_name(name, lane, lanes)), pipeline.delivery.run_minutes * 60)
             if isinstance(request, str):
                 continue
             requests.append(request)
@@ -168,6 +185,7 @@ def build_delivery_sensor(jobs: list[Any], keys: dict[str, AssetKey], interval: 
 def delivery_definitions(pipeline: PipelineConfig, translator: CdcTranslator) -> Definitions:
     """Per sink its asset (with its lag checks) and delivery job; the delivery sensor over them all."""
     specs = {s.name: translator.get_asset_spec(SinkData(pipeline, s)) for s in pipeline.sinks}
-    jobs = [build_delivery_job(s, specs[s.name].key) for s in pipeline.sinks]
-    return Definitions(assets=[build_sink_asset(s, specs[s.name]) for s in pipeline.sinks], jobs=jobs,
+    assets = {s.name: build_sink_asset(s, specs[s.name]) for s in pipeline.sinks}
+    jobs = [job for s in pipeline.sinks for job in build_delivery_jobs(s, assets[s.name])]
+    return Definitions(assets=list(assets.values()), jobs=jobs,
                        sensors=[build_delivery_sensor(jobs, {name: spec.key for name, spec in specs.items()})])

@@ -7,7 +7,7 @@ one here means changing it there too.
 from __future__ import annotations
 
 KIND_TAG = "cdc_pipeline/kind"  # what a run (or asset) does: one of the kinds below
-SINK_TAG = "cdc_pipeline/sink"  # a delivery run's sink: at most two runs per sink (a handover)
+SINK_TAG = "cdc_pipeline/sink"  # a delivery run's sink (or lane, `S#I/N`): at most two runs each (a handover)
 AFTER_TAG = "cdc_pipeline/after"  # a successor run: the id of the run it takes over from
 
 DRAIN = "drain"
