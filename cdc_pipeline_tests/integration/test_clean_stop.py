@@ -170,12 +170,23 @@ def test_demo_stops_everything_it_started(signum: int, tmp_path: Path) -> None:
                    420, "a run worker's JVM")
         cluster = _postmaster(root)
         assert cluster is not None and cluster.is_running()
+        _assert_quiet_console(log.read_text(), (root / "dagster.log").read_text(errors="replace"))
         started = {**descendants(proc.pid), cluster.pid: cluster.name()}
         proc.send_signal(signum)
         proc.wait(180)
     assert proc.returncode == 0, log.read_text()[-3000:]
     assert_none_left(started, 60)
     print("left after the demo:", alive(started))
+
+
+def _assert_quiet_console(console: str, dagster_log: str) -> None:
+    """The demo's console says what a user needs, not Dagster's per-event lines (those are in its log);
+    and the warnings `dagster dev` would print at start do not arise."""
+    assert "Dagster UI: http://127.0.0.1:" in console and "Dagster's log" in console, console
+    assert " - DEBUG - " not in console and "RUN_START" not in console, console[-3000:]
+    assert " - DEBUG - " in dagster_log  # the run workers' event lines went to the log file
+    for warning in ("will not be used", "is superseded"):
+        assert warning not in console and warning not in dagster_log, warning
 
 
 def spawn_args() -> list[str]:
