@@ -38,7 +38,7 @@ from cdc_pipeline.config.errors import describe_error
 from cdc_pipeline.core.positions import START
 from cdc_pipeline.defs.asset_data import ChangeLogData, SinkData
 from cdc_pipeline.defs.health import sink_check_specs, sink_checks, sink_figures
-from cdc_pipeline.defs.pacing import CheckGate, SinkPace
+from cdc_pipeline.defs.pacing import CheckGate, SinkPace, covers
 from cdc_pipeline.defs.resources import CdcConfigResource, SinksResource, SparkResource
 from cdc_pipeline.defs.runs import next_run, wait_for_predecessor
 from cdc_pipeline.defs.streaming import EVENT_SECONDS, stream_while
@@ -99,12 +99,11 @@ def build_sink_asset(sink: SinkConfig, spec: AssetSpec, log_key: AssetKey) -> As
             rate.update(delivered=figures["delivered_total"], at=now)
             offset = version_position(figures["offset"]) or START
             log_at = None if log.timestamp is None else now - (time.time() - log.timestamp)
-            log_input = pace.input_version(now, offset, log.version, version_position(log.version), log_at,
-                                           drained=figures["lag_messages"] == 0)
+            log_input = pace.input_version(now, offset, log.version, log_at, drained=figures["lag_messages"] == 0)
             events: list[Any] = []
             if log_input is not None:
                 pace.recorded(offset, log_input, log.version, now)
-                version, tags = materialization(figures, log, log_input)
+                _, tags = materialization(figures, log, log_input)
                 events.append(AssetMaterialization(key, metadata=figures, tags=tags))
             return events + gate.changed(sink_checks(pipeline, key, figures))
 
@@ -115,10 +114,9 @@ def build_sink_asset(sink: SinkConfig, spec: AssetSpec, log_key: AssetKey) -> As
             lambda result: context.log.info(_stopped(sink.name, result)))
         log = latest(context.instance, log_key)
         figures = sink_figures(pipeline, sink_config)
-        log_position = version_position(log.version)
-        covers = log.version is not None and (figures["lag_messages"] == 0 or (
-            log_position is not None and log_position <= (version_position(figures["offset"]) or START)))
-        version, tags = materialization(figures, log, log.version if covers and log.version else figures["offset"])
+        offset = version_position(figures["offset"]) or START
+        held = covers(log.version, offset, drained=figures["lag_messages"] == 0)
+        version, tags = materialization(figures, log, log.version if held and log.version else figures["offset"])
         yield MaterializeResult(
             metadata={**stats.as_metadata(), **figures, "dry_run": config.dry_run}, data_version=version, tags=tags,
             check_results=[AssetCheckResult(check_name=c.check_name, passed=c.passed, severity=c.severity,

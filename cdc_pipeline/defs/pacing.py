@@ -29,6 +29,7 @@ from dagster import AssetCheckEvaluation
 from cdc_pipeline.core.positions import Position
 from cdc_pipeline.defs.health import PARKED_CHECK, SINK_LAG_CHECK, SLOT_LAG_CHECK
 from cdc_pipeline.defs.streaming import EVENT_SECONDS
+from cdc_pipeline.defs.versions import version_position
 
 # Per check: its figures (metadata keys) and the step each must move by, as (limit key, fraction of the
 # limit; an age's step is at least EVENT_SECONDS, the resolution it is read at) or a fixed step.
@@ -88,6 +89,13 @@ class LogPace:
         self.head, self.at = head, now
 
 
+def covers(log_version: str | None, offset: Position, drained: bool) -> bool:
+    """Whether a sink at `offset` holds the change log's recorded version: its position is at or before the
+    offset, or nothing of the sink's is left in the log (`drained`, read after the version)."""
+    position = version_position(log_version)
+    return log_version is not None and (drained or (position is not None and position <= offset))
+
+
 @dataclass
 class SinkPace:
     """A sink: a materialization when its offset moved, at most once per `every` seconds, aligned with
@@ -99,17 +107,17 @@ class SinkPace:
     log_input: str | None = None  # the change-log version the last materialization named
     caught_up: bool = True  # the last one named the log's version (not its own offset)
 
-    def input_version(self, now: float, offset: Position, log_version: str | None, log_position: Position | None,
-                      log_at: float | None, drained: bool) -> str | None:
+    def input_version(self, now: float, offset: Position, log_version: str | None, log_at: float | None,
+                      drained: bool) -> str | None:
         """The change-log version to record a materialization against now, or None for no materialization.
         `drained`: nothing of the sink's is left after its offset (it covers whatever the log recorded)."""
         if offset == self.offset or now - self.at < self.every:
             return None
-        covers = log_version is not None and (drained or (log_position is not None and log_position <= offset))
+        covered = covers(log_version, offset, drained)
         log_age = None if log_at is None else now - log_at
         reporting = log_age is not None and log_age < 2 * self.every  # the log records versions in Dagster
         waited = now - self.at >= 2 * self.every
-        if covers:
+        if covered:
             # Record right after the log records a version, so that the two stay in phase: an older version
             # would be superseded within seconds and leave the sink "Unsynced" until its next record.
             fresh = log_version != self.log_input and log_age is not None and log_age <= self.every / 2

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dagster import AssetCheckEvaluation, AssetCheckSeverity, AssetKey
 
 from cdc_pipeline.defs.health import PARKED_CHECK, SINK_LAG_CHECK
-from cdc_pipeline.defs.pacing import CheckGate, LogPace, SinkPace
+from cdc_pipeline.defs.pacing import CheckGate, LogPace, SinkPace, covers
 from cdc_pipeline.defs.versions import position_version, provenance_tags, version_position
 
 KEY = AssetKey(["sink", "s"])
@@ -63,8 +63,8 @@ def test_a_caught_up_sink_follows_the_change_logs_versions() -> None:
         log_at = max((x for x in log_times if x <= t), default=None)
         log_version = None if log_at is None else f"{log_at}:0"
         offset = (t, 0)  # caught up: the sink holds everything up to now
-        got = pace.input_version(float(t), offset, log_version, None if log_at is None else (log_at, 0),
-                                 None if log_at is None else float(log_at), drained=True)
+        got = pace.input_version(float(t), offset, log_version, None if log_at is None else float(log_at),
+                                 drained=True)
         if got is not None:
             pace.recorded(offset, got, log_version, float(t))
             recorded.append((t, got))
@@ -78,10 +78,10 @@ def test_a_caught_up_sink_follows_the_change_logs_versions() -> None:
 
 def test_a_lagging_sink_names_its_own_offset() -> None:
     pace = SinkPace(every=60, at=0.0, caught_up=False)
-    assert pace.input_version(30.0, (5, 0), "100:0", (100, 0), 29.0, drained=False) is None  # too soon
-    assert pace.input_version(61.0, (5, 0), "100:0", (100, 0), 60.0, drained=False) == "5:0"
+    assert pace.input_version(30.0, (5, 0), "100:0", 29.0, drained=False) is None  # too soon
+    assert pace.input_version(61.0, (5, 0), "100:0", 60.0, drained=False) == "5:0"
     pace.recorded((5, 0), "5:0", "100:0", 61.0)
-    assert pace.input_version(200.0, (5, 0), "100:0", (100, 0), 190.0, drained=False) is None  # did not move
+    assert pace.input_version(200.0, (5, 0), "100:0", 190.0, drained=False) is None  # did not move
 
 
 def test_versions_are_positions_and_tags_carry_provenance() -> None:
@@ -99,8 +99,14 @@ def test_without_the_change_log_in_dagster_a_sink_records_every_report_seconds()
     pace = SinkPace(every=60, at=0.0)  # a drain outside Dagster: the log records no versions
     times = []
     for t in range(0, 600, 5):
-        got = pace.input_version(float(t), (t, 0), None, None, None, drained=True)
+        got = pace.input_version(float(t), (t, 0), None, None, drained=True)
         if got is not None:
             pace.recorded((t, 0), got, None, float(t))
             times.append((t, got))
     assert times == [(t, f"{t}:0") for t in range(60, 600, 60)]
+
+
+def test_a_sink_covers_the_logs_version_at_or_before_its_offset_or_when_drained() -> None:
+    assert covers("10:2", (10, 2), drained=False) and covers("10:2", (11, 0), drained=False)
+    assert not covers("10:2", (10, 1), drained=False) and covers("10:2", (10, 1), drained=True)
+    assert not covers(None, (10, 1), drained=True) and not covers("a1b2", (10, 1), drained=False)
