@@ -153,7 +153,7 @@ def test_long_lived_drain_and_delivery_runs(source_db, db_factory, write_config,
         blocker = threading.Thread(target=block_the_sink, daemon=True)
         blocker.start()
         run = defs.resolve_job_def("deliver_mirror").execute_in_process(
-            instance=instance, run_config={"ops": {sink.to_python_identifier(): {"config": {"max_seconds": 26}}}})
+            instance=instance, run_config={"ops": {sink.to_python_identifier(): {"config": {"max_seconds": 30}}}})
         blocker.join()
         drainer.stop()
         draining.join(60)
@@ -161,7 +161,7 @@ def test_long_lived_drain_and_delivery_runs(source_db, db_factory, write_config,
         assert run.success and load.error is None
         mats, checks = _events(instance, run.run_id)
         assert {m.dagster_event.asset_key for m in mats} == {sink}
-        assert 2 <= len(mats) <= 26 / REPORT_SECONDS + 2, len(mats)
+        assert 2 <= len(mats) <= 30 / REPORT_SECONDS + 2, len(mats)
         final = mats[-1].asset_materialization
         assert final.metadata["messages_delivered"].value > 716
         with psycopg.connect(config.state_dsn) as conn:
@@ -175,7 +175,7 @@ def test_long_lived_drain_and_delivery_runs(source_db, db_factory, write_config,
         failed_at = next(t for t, passed in lag if not passed)
         assert blocked["at"] < failed_at <= blocked["at"] + 3 + 30, (blocked["at"], lag)
         assert [p for _, p in lag][-1] is True
-        assert len(lag) <= 6, lag  # not one per poll (a poll every 5 s over 26 s)
+        assert len(lag) <= 7, lag  # not one per read (every 5 s over 30 s), and growth only at steps
         parked = [c for c in checks if c.dagster_event.asset_check_evaluation_data.check_name == PARKED_CHECK]
         assert len(parked) == 2 and all(c.dagster_event.asset_check_evaluation_data.passed for c in parked)
         # The sink names the log's latest version as its input once it has delivered it: not stale.
