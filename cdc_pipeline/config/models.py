@@ -95,6 +95,9 @@ class DrainConfig(StrictModel):
                                "then the drain sensor starts the next one.")
     max_lag_seconds: float = Field(default=60, gt=0, description="Dagster: the `slot_lag_below_max` check fails "
                                    "when the slot is further behind than this.")
+    report_seconds: float = Field(default=60, gt=0, description="Dagster: the drain run records a "
+                                  "materialization of `cdc/change_log` at most this often, and only when the log "
+                                  "moved (the live figures are in `status` and the metrics).")
     batch_bytes: int = Field(default=64 * 1024 * 1024, gt=0, description="Write the drain's buffer to the log "
                              "at this many bytes (or `batch_rows`, whichever first).")
     status_interval_seconds: float = Field(default=10, gt=0, description="Report the flushed position at least "
@@ -131,6 +134,9 @@ class DeliveryConfig(StrictModel):
                                "long (Spark stays warm), then the delivery sensor starts the next one.")
     max_lag_seconds: float = Field(default=60, gt=0, description="Dagster: `lag_below_max` fails when a sink's "
                                    "oldest undelivered change is older than this.")
+    report_seconds: float = Field(default=60, gt=0, description="Dagster: a delivery run records a "
+                                  "materialization of `sink/<name>` at most this often, and only when its offset "
+                                  "moved (the live figures are in `status` and the metrics).")
     retry_initial_ms: int = Field(default=500, gt=0, description="First delay while waiting for a destination "
                                   "(or state database) that is down; never counted against `max_retries`.")
     retry_max_ms: int = Field(default=30000, gt=0, description="Cap of that delay; at least `retry_initial_ms`.")

@@ -4,12 +4,13 @@
 The sensor owns the drain's life without streaming in its own evaluation: each tick (every few
 seconds, a couple of cheap queries) it sees whether a drain run is active, starts one when none is,
 and restarts it after a failure with capped backoff. The run streams the slot into the change log
-for `drain.run_minutes` (or until terminated), recording the log's figures and the slot-lag check
-every few seconds. Streaming in a run rather than in the sensor: no gap between ticks, no sensor
+for `drain.run_minutes` (or until terminated); it reads the log's figures and the slot-lag check every
+few seconds and records what changed (defs/pacing.py). Streaming in a run rather than in the sensor: no gap between ticks, no sensor
 evaluation timeout, the drain's logs and failures on the Runs page, and a terminate button.
 """
 
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,6 +22,7 @@ from dagster import (
     AssetsDefinition,
     AssetSpec,
     Config,
+    DataVersion,
     DefaultSensorStatus,
     Definitions,
     MaterializeResult,
@@ -37,16 +39,18 @@ from dagster import (
 from cdc_pipeline.capture.drain import Drain, DrainStats
 from cdc_pipeline.config import PipelineConfig
 from cdc_pipeline.config.errors import describe_error
+from cdc_pipeline.core.positions import Position
 from cdc_pipeline.defs.asset_data import ChangeLogData, SourceTableData
-from cdc_pipeline.defs.health import slot_check, slot_figures, slot_lag_spec
+from cdc_pipeline.defs.health import log_head, slot_check, slot_figures, slot_lag_spec
+from cdc_pipeline.defs.pacing import CheckGate, LogPace
 from cdc_pipeline.defs.resources import CdcConfigResource
 from cdc_pipeline.defs.runs import next_run, wait_for_predecessor
-from cdc_pipeline.defs.streaming import stream_while
+from cdc_pipeline.defs.streaming import EVENT_SECONDS, stream_while
 from cdc_pipeline.defs.tags import AFTER_TAG, DRAIN_TAGS, NO_RUN_RETRIES
 from cdc_pipeline.defs.translator import CdcTranslator, asset_args, source_tables
+from cdc_pipeline.defs.versions import position_version, provenance_tags, upstream_inputs
 
 DRAIN_JOB = "cdc_drain"
-EVENT_SECONDS = 5.0  # how often a running drain records the log's figures and the slot-lag check
 
 
 class DrainRunConfig(Config):
@@ -64,8 +68,9 @@ def drain_figures(pipeline: PipelineConfig, stats: DrainStats | None = None) -> 
     return out
 
 
-def build_change_log_asset(spec: AssetSpec) -> AssetsDefinition:
+def build_change_log_asset(spec: AssetSpec, tables: list[str]) -> AssetsDefinition:
     key = spec.key
+    sources = [dep.asset_key for dep in spec.deps]
 
     @asset(**asset_args(spec), check_specs=[slot_lag_spec(key)])
     def _change_log(context: AssetExecutionContext, config: DrainRunConfig, cdc: CdcConfigResource) -> Iterator[Any]:
@@ -73,16 +78,25 @@ def build_change_log_asset(spec: AssetSpec) -> AssetsDefinition:
         wait_for_predecessor(context, context.log)
         drain = Drain(pipeline)
         seconds = config.max_seconds or pipeline.drain.run_minutes * 60
-        last = {"lsn": -1}
+        pace = LogPace(pipeline.drain.report_seconds, time.monotonic())
+        gate = CheckGate()
         context.log.info(f"draining slot {pipeline.source.slot!r} for {seconds:.0f} s")
+
+        def materialization(figures: dict[str, Any], head: Position) -> tuple[DataVersion, dict[str, Any],
+                                                                               dict[str, str]]:
+            version = position_version(head)
+            tags = provenance_tags(version, context.run_id, upstream_inputs(context.instance, sources))
+            return version, {**figures, "log_head": version.value}, tags
 
         def poll() -> list[Any]:
             figures = drain_figures(pipeline)
-            events: list[Any] = [slot_check(pipeline, key, figures)]
-            if figures.get("committed_lsn") != last["lsn"]:  # materialize when the log moved
-                last["lsn"] = figures.get("committed_lsn", -1)
-                events.insert(0, AssetMaterialization(key, metadata=figures))
-            return events
+            head = log_head(pipeline, tables)
+            events: list[Any] = []
+            if pace.due(head, time.monotonic()):  # the log moved, and the last one is report_seconds old
+                pace.recorded(head, time.monotonic())
+                _, metadata, tags = materialization(figures, head)
+                events.append(AssetMaterialization(key, metadata=metadata, tags=tags))
+            return events + gate.changed([slot_check(pipeline, key, figures)])
 
         stats = yield from stream_while(
             "cdc-drain", lambda: drain.run(seconds=seconds, until_idle=config.until_idle), drain.stop, poll,
@@ -90,8 +104,9 @@ def build_change_log_asset(spec: AssetSpec) -> AssetsDefinition:
             lambda result: context.log.info(_stopped(result)))
         context.log.info(f"drained {stats.changes} changes ({stats.rate:.0f}/s) in {stats.seconds:.0f} s")
         figures = drain_figures(pipeline, stats)
+        version, metadata, tags = materialization(figures, log_head(pipeline, tables))
         check = slot_check(pipeline, key, figures)
-        yield MaterializeResult(metadata=figures, check_results=[AssetCheckResult(
+        yield MaterializeResult(metadata=metadata, data_version=version, tags=tags, check_results=[AssetCheckResult(
             check_name=check.check_name, passed=check.passed, severity=check.severity, metadata=check.metadata)])
 
     return _change_log
@@ -138,5 +153,5 @@ def capture_definitions(pipeline: PipelineConfig, translator: CdcTranslator) -> 
     sources = [translator.get_asset_spec(SourceTableData(pipeline, t)) for t in source_tables(pipeline)]
     change_log = translator.get_asset_spec(ChangeLogData(pipeline))
     job = build_drain_job(change_log.key)
-    return Definitions(assets=[*sources, build_change_log_asset(change_log)], jobs=[job],
+    return Definitions(assets=[*sources, build_change_log_asset(change_log, source_tables(pipeline))], jobs=[job],
                        sensors=[build_drain_sensor(job, change_log.key)])

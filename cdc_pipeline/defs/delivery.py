@@ -3,8 +3,8 @@ job (one per lane of a sink with `lanes: N`, core/lanes.py); and the delivery se
 lagging sink (or lane) alive.
 
 A delivery run keeps its SparkSession warm and polls the change log as `cdc-pipeline deliver` does,
-for `delivery.run_minutes` (then the sensor starts the next one if the sink lags), recording the
-sink's lag and throughput and its lag checks every few seconds.
+for `delivery.run_minutes` (then the sensor starts the next one if the sink lags); it reads the sink's
+lag and throughput and its lag checks every few seconds and records what changed (defs/pacing.py).
 """
 
 
@@ -21,6 +21,7 @@ from dagster import (
     AssetsDefinition,
     AssetSpec,
     Config,
+    DataVersion,
     DefaultSensorStatus,
     Definitions,
     MaterializeResult,
@@ -36,20 +37,21 @@ from dagster import (
 from cdc_pipeline.config import PipelineConfig, SinkConfig
 from cdc_pipeline.config.errors import describe_error
 from cdc_pipeline.core.lanes import lane_name
-from cdc_pipeline.defs.asset_data import SinkData
+from cdc_pipeline.core.positions import START
+from cdc_pipeline.defs.asset_data import ChangeLogData, SinkData
 from cdc_pipeline.defs.health import sink_check_specs, sink_checks, sink_figures
+from cdc_pipeline.defs.pacing import CheckGate, SinkPace, covers
 from cdc_pipeline.defs.resources import CdcConfigResource, SinksResource, SparkResource
 from cdc_pipeline.defs.runs import next_run, wait_for_predecessor
-from cdc_pipeline.defs.streaming import stream_while
+from cdc_pipeline.defs.streaming import EVENT_SECONDS, stream_while
 from cdc_pipeline.defs.tags import AFTER_TAG, NO_RUN_RETRIES, delivery_run_tags
 from cdc_pipeline.defs.translator import CdcTranslator, asset_args
+from cdc_pipeline.defs.versions import Recorded, latest, provenance_tags, upstream_inputs, version_position
 from cdc_pipeline.delivery.engine import Deliverer, DeliveryStats
 from cdc_pipeline.postgres import session
 from cdc_pipeline.state.lanes import SinkLanes
 from cdc_pipeline.state.store import Store
 
-EVENT_SECONDS = 5.0  # how often a running delivery records its figures
-CHECK_SECONDS = 15.0  # and its lag checks (or sooner when one flips)
 SENSOR_CHECK_SECONDS = 30.0  # the sensor records a lagging sink's checks when no run is alive to
 # No RetryPolicy (see streaming.py): the engine rides through sink outages and parks per-message
 # failures; a run that fails anyway is restarted by the sensor with backoff.
@@ -66,8 +68,9 @@ def delivery_job_name(sink_name: str, lane: int = 0, lanes: int = 1) -> str:
     return f"deliver_{sink_name.replace('-', '_')}" + (f"_lane{lane}" if lanes > 1 else "")
 
 
-def build_sink_asset(sink: SinkConfig, spec: AssetSpec) -> AssetsDefinition:
+def build_sink_asset(sink: SinkConfig, spec: AssetSpec, log_key: AssetKey) -> AssetsDefinition:
     key = spec.key
+    others = [dep.asset_key for dep in spec.deps if dep.asset_key != log_key]  # the snapshots
 
     @asset(**asset_args(spec), check_specs=sink_check_specs(key))
     def _deliver(context: AssetExecutionContext, config: DeliveryRunConfig, cdc: CdcConfigResource,
@@ -79,33 +82,47 @@ def build_sink_asset(sink: SinkConfig, spec: AssetSpec) -> AssetsDefinition:
         deliverer = Deliverer(pipeline, sink_config, pyspark.spark_session, sink=destination,
                               dry_run=config.dry_run, lane=config.lane)
         seconds = config.max_seconds or pipeline.delivery.run_minutes * 60
-        state: dict[str, Any] = {"delivered": None, "at": time.monotonic(), "checked": 0.0, "passed": None}
+        pace = SinkPace(pipeline.delivery.report_seconds, time.monotonic())
+        gate = CheckGate()
+        rate = {"delivered": None, "at": time.monotonic()}
+
+        def materialization(figures: dict[str, Any], log: Recorded, log_input: str
+                            ) -> tuple[DataVersion, dict[str, str]]:
+            version = DataVersion(figures["offset"])
+            inputs = {log_key: (log_input, log.storage_id if log_input == log.version else None),
+                      **upstream_inputs(context.instance, others)}
+            return version, provenance_tags(version, context.run_id, inputs)
 
         def poll() -> list[Any]:
+            log = latest(context.instance, log_key)  # before the figures: they are at least as new
             figures = sink_figures(pipeline, sink_config)
             now = time.monotonic()
+            if rate["delivered"] is not None:
+                figures["throughput_msgs_per_s"] = round(
+                    (figures["delivered_total"] - rate["delivered"]) / max(1e-3, now - rate["at"]), 1)
+            rate.update(delivered=figures["delivered_total"], at=now)
+            offset = version_position(figures["offset"]) or START
+            log_at = None if log.timestamp is None else now - (time.time() - log.timestamp)
+            log_input = pace.input_version(now, offset, log.version, log_at, drained=figures["lag_messages"] == 0)
             events: list[Any] = []
-            if figures["delivered_total"] != state["delivered"]:
-                if state["delivered"] is not None:
-                    figures["throughput_msgs_per_s"] = round(
-                        (figures["delivered_total"] - state["delivered"]) / max(1e-3, now - state["at"]), 1)
-                state.update(delivered=figures["delivered_total"], at=now)
-                events.append(AssetMaterialization(key, metadata=figures))
-            checks = sink_checks(pipeline, key, figures)
-            passed = tuple(c.passed for c in checks)
-            if now - state["checked"] >= CHECK_SECONDS or passed != state["passed"]:
-                state.update(checked=now, passed=passed)
-                events += checks
-            return events
+            if log_input is not None:
+                pace.recorded(offset, log_input, log.version, now)
+                _, tags = materialization(figures, log, log_input)
+                events.append(AssetMaterialization(key, metadata=figures, tags=tags))
+            return events + gate.changed(sink_checks(pipeline, key, figures))
 
         stats = yield from stream_while(
             f"cdc-deliver-{deliverer.lane.name}", lambda: deliverer.run(until_idle=config.until_idle, seconds=seconds),
             deliverer.stop, poll, EVENT_SECONDS,
             lambda exc: context.log.warning(f"could not read sink {sink.name}'s figures: {exc}"),
             lambda result: context.log.info(_stopped(sink.name, result)))
+        log = latest(context.instance, log_key)
         figures = sink_figures(pipeline, sink_config)
+        offset = version_position(figures["offset"]) or START
+        held = covers(log.version, offset, drained=figures["lag_messages"] == 0)
+        version, tags = materialization(figures, log, log.version if held and log.version else figures["offset"])
         yield MaterializeResult(
-            metadata={**stats.as_metadata(), **figures, "dry_run": config.dry_run},
+            metadata={**stats.as_metadata(), **figures, "dry_run": config.dry_run}, data_version=version, tags=tags,
             check_results=[AssetCheckResult(check_name=c.check_name, passed=c.passed, severity=c.severity,
                                             metadata=c.metadata) for c in sink_checks(pipeline, key, figures)])
 
@@ -185,7 +202,8 @@ def build_delivery_sensor(jobs: list[Any], keys: dict[str, AssetKey], interval: 
 def delivery_definitions(pipeline: PipelineConfig, translator: CdcTranslator) -> Definitions:
     """Per sink its asset (with its lag checks) and delivery job; the delivery sensor over them all."""
     specs = {s.name: translator.get_asset_spec(SinkData(pipeline, s)) for s in pipeline.sinks}
-    assets = {s.name: build_sink_asset(s, specs[s.name]) for s in pipeline.sinks}
+    log_key = translator.get_asset_spec(ChangeLogData(pipeline)).key
+    assets = {s.name: build_sink_asset(s, specs[s.name], log_key) for s in pipeline.sinks}
     jobs = [job for s in pipeline.sinks for job in build_delivery_jobs(s, assets[s.name])]
     return Definitions(assets=list(assets.values()), jobs=jobs,
                        sensors=[build_delivery_sensor(jobs, {name: spec.key for name, spec in specs.items()})])

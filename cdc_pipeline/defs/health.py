@@ -1,7 +1,8 @@
 """Lag figures and lag checks: the slot's (the change log asset) and each sink's (its sink asset).
 
-Recorded every few seconds by the long-running drain and delivery runs, and by the sensors when no
-run is alive to do it, so the UI's asset health shows a stalled pipeline within a minute.
+Read every few seconds by the long-running drain and delivery runs, which record a check's evaluation
+when its outcome or figure changed (defs/pacing.py), and by the sensors when no run is alive to do it,
+so the UI's asset health shows a stalled pipeline within seconds of a check failing.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any
 from dagster import AssetCheckEvaluation, AssetCheckSeverity, AssetCheckSpec, AssetKey
 
 from cdc_pipeline.config import PipelineConfig, SinkConfig
+from cdc_pipeline.core.positions import Position
 from cdc_pipeline.delivery.backlog import problem as backlog_problem
 from cdc_pipeline.postgres import catalog, session
 from cdc_pipeline.state.store import Store
@@ -50,6 +52,12 @@ def slot_figures(pipeline: PipelineConfig) -> dict[str, Any]:
             "confirmed_flush_lsn": str(slot["confirmed_flush_lsn"]), "committed_lsn": committed,
             "slot_lag_bytes": lag_bytes, "slot_retained_bytes": int(slot["retained_bytes"] or 0),  # type: ignore[call-overload]
             "slot_lag_seconds": lag_seconds}
+
+
+def log_head(pipeline: PipelineConfig, tables: list[str]) -> Position:
+    """The change log's last position among `tables` (the change log asset's data version)."""
+    with session.connect(pipeline.state_dsn, autocommit=True) as conn:
+        return Store(pipeline.state.schema_name).log_head(conn, tables)
 
 
 def slot_check(pipeline: PipelineConfig, key: AssetKey, figures: dict[str, Any]) -> AssetCheckEvaluation:

@@ -1,5 +1,5 @@
 """Long-lived Dagster steps: the drain or a delivery runs in a worker thread while the step's own
-(main) thread records progress events every few seconds, and stops the work cleanly when Dagster
+(main) thread reads its figures every few seconds (and records those that mean something), and stops the work cleanly when Dagster
 interrupts the run.
 
 Why a worker thread: Dagster only publishes the events a step yields, and raises its termination
@@ -26,6 +26,7 @@ from cdc_pipeline.config.errors import RedactedError, describe_error, without_se
 
 T = TypeVar("T")
 
+EVENT_SECONDS = 5.0  # how often a streaming run reads its figures (what it records: defs/pacing.py)
 STOP_TIMEOUT_SECONDS = 60.0  # a batch in flight finishes (and commits) within this
 
 

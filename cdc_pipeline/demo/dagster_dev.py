@@ -3,6 +3,14 @@
 
 `dagster dev` inherits ignored SIGINT/SIGTERM from a parent that ignores them, so the child gets default
 signal handling back, runs in its own process group, and is stopped by that group's id.
+
+What a newcomer would otherwise see at its start, and why it does not apply:
+- "Found a dagster instance configuration value (dagster.yaml) in the current folder ... will not be
+  used": `dagster dev` warns when started beside a dagster.yaml that is not $DAGSTER_HOME's. It runs in
+  $DAGSTER_HOME (which holds a copy of the project's dagster.yaml), with the checkout on PYTHONPATH.
+- "Function `dev_command` is superseded ... Use 'dg dev' instead": `dg dev` serves a `dg` project; this
+  checkout is a plain workspace (workspace.yaml), which `dagster dev` serves as before. The notice is
+  filtered in the child (a `-W` option, for that message only).
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -23,6 +32,7 @@ from psycopg import conninfo
 
 PROJECT = Path(__file__).resolve().parents[2]  # the checkout: workspace.yaml, dagster.yaml
 LOCATION = "cdc_pipeline"
+DEV_NOTICE = "ignore:Function `dev_command` is superseded"  # see the module's doc
 
 
 def storage_url(dsn: str) -> str:
@@ -52,8 +62,9 @@ class DagsterDev:
     def __init__(self, home: Path, config_path: Path, storage_dsn: str, port: int | None = None,
                  log: IO[bytes] | int | None = subprocess.DEVNULL) -> None:
         self.home, self.config_path, self.port = home, config_path, port or free_port()
+        path = os.pathsep.join(p for p in (str(PROJECT), os.environ.get("PYTHONPATH", "")) if p)
         self.env = dict(os.environ, DAGSTER_HOME=str(home), CDC_CONFIG=str(config_path),
-                        DAGSTER_PG_URL=storage_url(storage_dsn))
+                        DAGSTER_PG_URL=storage_url(storage_dsn), PYTHONPATH=path)
         self.log = log
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -61,8 +72,8 @@ class DagsterDev:
         self.home.mkdir(parents=True, exist_ok=True)
         (self.home / "dagster.yaml").write_text((PROJECT / "dagster.yaml").read_text())
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "dagster", "dev", "-w", str(PROJECT / "workspace.yaml"), "-h", "127.0.0.1",
-             "-p", str(self.port)], cwd=PROJECT, env=self.env, stdout=self.log, stderr=subprocess.STDOUT,
+            [sys.executable, "-W", DEV_NOTICE, "-m", "dagster", "dev", "-w", str(PROJECT / "workspace.yaml"),
+             "-h", "127.0.0.1", "-p", str(self.port)], cwd=self.home, env=self.env, stdout=self.log, stderr=subprocess.STDOUT,
             start_new_session=True, preexec_fn=_default_signals)
         return self
 
@@ -73,10 +84,13 @@ class DagsterDev:
         with urllib.request.urlopen(req, timeout=30) as resp:
             return json.loads(resp.read())  # type: ignore[no-any-return]
 
-    def wait_loaded(self, timeout: float = 180) -> dict[str, list[str]]:
-        """Waits until the code location is loaded; returns its sensor and job names."""
+    def wait_loaded(self, timeout: float = 180, cancel: Callable[[], bool] = lambda: False) -> dict[str, list[str]]:
+        """Waits until the code location is loaded; returns its sensor and job names (none if `cancel()`
+        turned true first)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            if cancel():
+                return {"sensors": [], "jobs": []}
             if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(f"dagster dev exited with {self.proc.returncode}")
             try:

@@ -4,9 +4,11 @@ Starts a throwaway cluster (wal_level=logical, password auth) in a private folde
 days of history) and a small steady write load, writes a cdc.yaml (orders partitioned by day on
 `updated_at`), runs setup, and starts `dagster dev`: its sensors keep a long-lived drain run and a
 long-lived delivery run streaming into a mirror database. In the UI: the lineage (source tables ->
-change log -> sink), live lag on the change log and the sink (materializations and lag checks every
-few seconds), and the daily partitions of `cdc/snapshot/public/orders` to backfill. Stops what it
-started on Ctrl-C, SIGTERM or SIGHUP (or after --seconds).
+change log -> sink), lag on the change log and the sink (a materialization a minute while data moves,
+lag checks that turn red within seconds), and the daily partitions of `cdc/snapshot/public/orders` to
+backfill. The console says what is happening (demo/console.py); Dagster's own output goes to
+`dagster.log` in the demo's folder. Stops what it started on Ctrl-C, SIGTERM or SIGHUP (or after
+--seconds).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import yaml
 
 from cdc_pipeline.admin.setup import setup
 from cdc_pipeline.config import ConfigError, load_config
+from cdc_pipeline.demo import console
 from cdc_pipeline.demo.dagster_dev import DagsterDev
 from cdc_pipeline.ops.signals import shutdown
 from cdc_pipeline.postgres import embedded, session
@@ -129,12 +132,23 @@ def run_demo(port: int = 3000, seconds: float | None = None, ui: bool = True) ->
     stop = threading.Event()
     loader = threading.Thread(target=_load, args=(cluster.dsn("demo"), stop), daemon=True)
     loader.start()
-    dev = DagsterDev(root / "dagster_home", config_path, cluster.dsn("dagster"), port=port, log=None)
+    log_path = root / "dagster.log"
+    log = log_path.open("ab")
+    dev = DagsterDev(root / "dagster_home", config_path, cluster.dsn("dagster"), port=port, log=log)
     try:
         if ui:
+            console.say("starting Dagster (dagster dev: webserver, daemon, code server); this takes a minute")
             dev.start()  # default signal handling in the child, its own process group: stopped by its id
+            for watch in (lambda: console.forward_problems(log_path, stop),
+                          lambda: console.report(load_config(config_path), stop)):
+                threading.Thread(target=watch, daemon=True).start()
+            try:
+                dev.wait_loaded(cancel=shutdown.requested.is_set)
+            except TimeoutError:  # a slow machine: the UI comes up later, the pipeline is already running
+                console.say(f"Dagster is slow to load its code location; see {log_path}")
             mirror = cluster.dsn("demo_mirror").replace(f" password={cluster.password}", "")
-            print(GUIDE.format(port=port, config=config_path, mirror=mirror, pw=cluster.root / "password"), flush=True)
+            print(GUIDE.format(port=port, config=config_path, mirror=mirror, pw=cluster.root / "password",
+                               log=log_path), flush=True)
         else:
             _pipeline_loop(config_path, stop)
         deadline = None if seconds is None else time.monotonic() + seconds
@@ -149,6 +163,7 @@ def run_demo(port: int = 3000, seconds: float | None = None, ui: bool = True) ->
     finally:
         stop.set()
         dev.stop()
+        log.close()
         cluster.stop()
     return 0
 
@@ -158,13 +173,15 @@ Dagster UI: http://127.0.0.1:{port}   (Ctrl-C stops the demo)
   Lineage:   Assets > "View global asset lineage": source/public/* -> cdc/change_log -> sink/orders_mirror,
              and cdc/snapshot/public/orders (the backfill) feeding the sink.
   Live lag:  Runs: one cdc_drain run and one deliver_orders_mirror run stream (started by the sensors within
-             ~30 s). Assets > sink/orders_mirror: lag_seconds / throughput every few seconds; Checks tab:
-             lag_below_max. cdc/change_log: slot_lag_below_max.
+             ~30 s). Assets > sink/orders_mirror: a materialization a minute while data moves (lag, offset,
+             throughput; its data version is the sink's offset); Checks tab: lag_below_max, recorded when
+             it changes. cdc/change_log: slot_lag_below_max. Live figures: below, and `cdc-pipeline status`.
   Backfill:  Assets > cdc/snapshot/public/orders > Materialize > pick one or more daily partitions (the
              last {days} days have history) > Launch. Progress is in the run's logs; rows reach the mirror
              as read messages without stale reads.
 config: {config}
 mirror: {mirror}  (PGPASSWORD=$(cat {pw}) psql "{mirror}" -c 'select count(*) from mirror.orders')
+Dagster's log (every event, the daemon, Spark): {log}
 """.replace("{days}", str(HISTORY_DAYS))
 
 

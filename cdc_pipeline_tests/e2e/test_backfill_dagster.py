@@ -92,7 +92,7 @@ def test_integer_partitions_of_a_sequence_column(source_db, db_factory, write_co
     assert [s.name for s in defs.schedules or []] == []  # integer partitions have no "previous" one
 
 
-def test_failed_run_keeps_its_checkpoint_and_the_retry_resumes(source_db, db_factory, write_config, tmp_path):
+def test_killed_sessions_mid_run_are_ridden_through_from_the_checkpoint(source_db, db_factory, write_config, tmp_path):
     dest = db_factory()
     source_db.execute("CREATE TABLE public.big (id int PRIMARY KEY, v text)")
     source_db.execute("INSERT INTO public.big SELECT g, md5(g::text) FROM generate_series(1, 20000) g")
@@ -131,16 +131,14 @@ def test_failed_run_keeps_its_checkpoint_and_the_retry_resumes(source_db, db_fac
         assert result.success
         tags = instance.get_run_by_id(result.run_id).tags  # what the sensors and tag limits key on
         assert tags.get("cdc_pipeline/kind") == BACKFILL_TAGS["cdc_pipeline/kind"] == "backfill", tags
+        # The backfill rides through its lost sessions itself (reconnecting with the drain's backoff and going
+        # on from its checkpoint): no step retry is needed.
         kinds = [e.event_type for e in result.all_events]
-        assert DagsterEventType.STEP_UP_FOR_RETRY in kinds and DagsterEventType.STEP_RESTARTED in kinds
-        failure = next(e for e in result.all_events if e.event_type == DagsterEventType.STEP_UP_FOR_RETRY)
-        assert "terminat" in str(failure.event_specific_data).lower() or "connection" in str(
-            failure.event_specific_data).lower()
+        assert DagsterEventType.STEP_UP_FOR_RETRY not in kinds
     [mat] = [e.materialization for e in result.get_asset_materialization_events()]
     meta = {k: v.value for k, v in mat.metadata.items()}
-    assert meta["resumed"] is True and meta["status"] == "completed" and meta["sinks"] == "mirror"
-    assert meta["resumed_from_page"] >= killed["checkpoint_pages"]  # not from the start
-    assert meta["rows_read"] == 20000 and meta["rows_read_this_run"] < 20000
+    assert meta["status"] == "completed" and meta["sinks"] == "mirror"
+    assert meta["rows_read"] == 20000
     with psycopg.connect(config.state_dsn, autocommit=True) as conn:
         (info,) = store.list(conn)
     assert info.page_attempts <= len(range(0, 20000, 500)) + 1 + 1  # at most the page in flight read twice

@@ -1,22 +1,29 @@
-"""Dagster in process: the asset graph's lineage, the long-lived drain and delivery runs (periodic
-materializations and lag checks), and the sensors (keep one drain alive; never skip due work)."""
+"""Dagster in process: the asset graph's lineage, the long-lived drain and delivery runs (paced
+materializations with data versions, lag checks recorded on change), and the sensors (keep one drain alive; never skip due work)."""
 
 from __future__ import annotations
 
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import yaml
-from dagster import AssetKey, DagsterInstance, RunRequest, build_sensor_context
+from dagster import AssetKey, DagsterEventType, DagsterInstance, RunRequest, build_sensor_context
+from dagster._core.definitions.data_version import CachingStaleStatusResolver, StaleStatus
+from dagster._core.loader import LoadingContextForTest
 
 from cdc_pipeline.admin.setup import setup
+from cdc_pipeline.capture.drain import Drain
 from cdc_pipeline.defs.capture import DRAIN_JOB
 from cdc_pipeline.defs.health import PARKED_CHECK, SINK_LAG_CHECK, SLOT_LAG_CHECK
+from cdc_pipeline.defs.streaming import EVENT_SECONDS
 from cdc_pipeline.defs.tags import AFTER_TAG, SINK_TAG
+from cdc_pipeline.defs.versions import latest
+from cdc_pipeline.delivery.spark_stage import spark_session
 from cdc_pipeline.state.store import Store
-from cdc_pipeline_tests.helpers import assert_mirrored, drain, mirror_config
+from cdc_pipeline_tests.helpers import assert_mirrored, deliver, drain, mirror_config, wait_until
 
 LOG = AssetKey(["cdc", "change_log"])
 SINK = AssetKey(["sink", "mirror"])
@@ -61,15 +68,45 @@ def test_lineage_source_tables_change_log_sinks(source_db, db_factory, write_con
         assert defs.resolve_job_def(job).tags["dagster/max_retries"] == "0"
 
 
+REPORT_SECONDS = 5  # drain.report_seconds and delivery.report_seconds in these runs (default 60)
+
+
+def _events(instance: DagsterInstance, run_id: str) -> tuple[list[Any], list[Any]]:
+    """A run's materializations and check evaluations as stored in the instance's event log."""
+    entries = [e for e in instance.all_logs(run_id) if e.dagster_event is not None]
+    mats = [e for e in entries if e.dagster_event.event_type == DagsterEventType.ASSET_MATERIALIZATION]
+    checks = [e for e in entries if e.dagster_event.event_type == DagsterEventType.ASSET_CHECK_EVALUATION]
+    return mats, checks
+
+
+def _stale(instance: DagsterInstance, defs: Any, key: AssetKey) -> StaleStatus:
+    resolver = CachingStaleStatusResolver(instance, defs.resolve_asset_graph(), LoadingContextForTest(instance))
+    return resolver.get_status(key)
+
+
+def _head(config: Any) -> str:
+    with psycopg.connect(config.state_dsn) as conn:
+        row = conn.execute("SELECT commit_lsn, commit_idx FROM cdc_pipeline.change_log "
+                           "ORDER BY 1 DESC, 2 DESC LIMIT 1").fetchone()
+    return f"{row[0]}:{row[1]}"
+
+
 def test_long_lived_drain_and_delivery_runs(source_db, db_factory, write_config, tmp_path):
     """Through a translator that renames and regroups every asset: the runs materialize and check the
-    renamed assets (and the sink's run its own, renamed, upstream is the renamed change log)."""
+    renamed assets (and the sink's run its own, renamed, upstream is the renamed change log). Under a
+    steady load the runs record a materialization at most once per report_seconds and check evaluations
+    only when they change; data versions are the log's head and the sink's offset, so a caught-up sink
+    is up to date in Dagster's eyes; a blocked sink turns lag_below_max red within max_lag_seconds + 30 s."""
     from cdc_pipeline.defs import build_definitions
+    from cdc_pipeline_tests.e2e.test_dagster_dev import Load
     from cdc_pipeline_tests.unit.test_dagster_translator import RenamingTranslator, acme
 
     dest = db_factory()
     source_db.execute("CREATE TABLE orders (id int PRIMARY KEY, status text, amount numeric)")
-    config = write_config(mirror_config(source_db.dsn, dest.dsn, ["public.orders"]))
+    data = mirror_config(source_db.dsn, dest.dsn, ["public.orders"])
+    data["drain"]["report_seconds"] = REPORT_SECONDS
+    data["delivery"] = {"report_seconds": REPORT_SECONDS, "max_lag_seconds": 3}
+    config = write_config(data)
     setup(config)
     source_db.execute("INSERT INTO orders SELECT g, 'new', g * 1.5 FROM generate_series(1, 500) g")
     source_db.execute("UPDATE orders SET status = 'paid' WHERE id % 3 = 0")
@@ -78,30 +115,75 @@ def test_long_lived_drain_and_delivery_runs(source_db, db_factory, write_config,
     log, sink = acme("change_log", "change_log"), acme("sink", "mirror")
     assert defs.resolve_asset_graph().get(sink).parent_keys == {log, acme("snapshot", "public", "orders")}
     with DagsterInstance.ephemeral() as instance:
+        # The drain streams for 16 s while 100 rows/s arrive.
+        load = Load(source_db.dsn, rate=100, seconds=14, first_id=1001)
         run = defs.resolve_job_def(DRAIN_JOB).execute_in_process(
-            instance=instance, run_config={"ops": {log.to_python_identifier(): {"config": {"max_seconds": 7}}}})
-        assert run.success
-        mats = [e.materialization for e in run.get_asset_materialization_events()]
-        assert len(mats) >= 2 and mats[-1].metadata["drained_changes"].value == 500 + 166 + 50
-        assert {m.asset_key for m in mats} == {log}
-        checks = run.get_asset_check_evaluations()
-        assert len(checks) >= 2 and all(c.passed and c.check_name == SLOT_LAG_CHECK for c in checks)
-        assert {c.asset_key for c in checks} == {log}
+            instance=instance, run_config={"ops": {log.to_python_identifier(): {"config": {"max_seconds": 16}}}})
+        load.join()
+        assert run.success and load.error is None
+        mats, checks = _events(instance, run.run_id)
+        assert {m.dagster_event.asset_key for m in mats} == {log}
+        # Data moved all along: one in-run materialization per report_seconds at most, plus the run's own.
+        assert 2 <= len(mats) <= 16 / REPORT_SECONDS + 2, len(mats)
+        gaps = [b.timestamp - a.timestamp for a, b in zip(mats[:-2], mats[1:-1], strict=True)]
+        assert all(gap >= REPORT_SECONDS - 1 for gap in gaps), gaps  # stamped when stored: a little jitter
+        final = mats[-1].asset_materialization
+        assert final.metadata["drained_changes"].value == 716 + load.next_id - 1001
+        assert final.tags["dagster/data_version"] == final.metadata["log_head"].value == _head(config)
+        # The slot check passed throughout: recorded once when first read, once at the end.
+        assert [c.dagster_event.asset_check_evaluation_data.passed for c in checks] == [True, True]
+        assert latest(instance, log).version == _head(config) and _stale(instance, defs, log) == StaleStatus.FRESH
 
-        # A delivery run streams (not until idle): it keeps polling and records its figures meanwhile.
+        # A delivery run streams while the log grows (a CLI drain beside it, 100 rows/s); its sink is
+        # blocked for a while (its table locked), then released.
+        drainer = Drain(config)
+        draining = threading.Thread(target=drainer.run, kwargs={"seconds": 120}, daemon=True)
+        draining.start()
+        blocked: dict[str, Any] = {}
+
+        def block_the_sink() -> None:
+            wait_until(lambda: dest.execute("SELECT to_regclass('mirror.orders')")[0][0] is not None, 120,
+                       "the sink's first rows")
+            with psycopg.connect(dest.dsn) as conn:
+                conn.execute("LOCK TABLE mirror.orders IN ACCESS EXCLUSIVE MODE")
+                blocked.update(at=time.time(), load=Load(source_db.dsn, rate=100, seconds=18, first_id=100_000))
+                threading.Event().wait(3 + 2 * EVENT_SECONDS)  # the stall: longer than max_lag_seconds
+            blocked["load"].join()
+
+        blocker = threading.Thread(target=block_the_sink, daemon=True)
+        blocker.start()
         run = defs.resolve_job_def("deliver_mirror").execute_in_process(
-            instance=instance, run_config={"ops": {sink.to_python_identifier(): {"config": {"max_seconds": 12}}}})
-        assert run.success
-        mats = [e.materialization for e in run.get_asset_materialization_events()]
-        assert {m.asset_key for m in mats} == {sink}
-        assert instance.get_latest_materialization_event(sink) is not None
-        assert mats[-1].metadata["messages_delivered"].value == 716
-        assert mats[-1].metadata["lag_messages"].value == 0 and mats[-1].metadata["lag_seconds"].value == 0
-        assert len(mats) >= 2, "progress is recorded while the run streams, not only at its end"
-        checks = run.get_asset_check_evaluations()
-        assert {c.check_name for c in checks} == {SINK_LAG_CHECK, PARKED_CHECK} and all(c.passed for c in checks)
-        assert {c.asset_key for c in checks} == {sink}
-    assert assert_mirrored(source_db.dsn, "public.orders", dest.dsn, "mirror.orders") == 450
+            instance=instance, run_config={"ops": {sink.to_python_identifier(): {"config": {"max_seconds": 30}}}})
+        blocker.join()
+        drainer.stop()
+        draining.join(60)
+        load = blocked["load"]
+        assert run.success and load.error is None
+        mats, checks = _events(instance, run.run_id)
+        assert {m.dagster_event.asset_key for m in mats} == {sink}
+        assert 2 <= len(mats) <= 30 / REPORT_SECONDS + 2, len(mats)
+        final = mats[-1].asset_materialization
+        assert final.metadata["messages_delivered"].value > 716
+        with psycopg.connect(config.state_dsn) as conn:
+            offset = conn.execute("SELECT commit_lsn, commit_idx FROM cdc_pipeline.sink_offsets "
+                                  "WHERE sink = 'mirror'").fetchone()
+        assert final.tags["dagster/data_version"] == f"{offset[0]}:{offset[1]}" == final.metadata["offset"].value
+        # Checks are recorded when they change: lag_below_max passed, failed during the stall (within
+        # max_lag_seconds + 30 s of its start), passed again; and the run's final evaluations.
+        lag = [(c.timestamp, c.dagster_event.asset_check_evaluation_data.passed) for c in checks
+               if c.dagster_event.asset_check_evaluation_data.check_name == SINK_LAG_CHECK]
+        failed_at = next(t for t, passed in lag if not passed)
+        assert blocked["at"] < failed_at <= blocked["at"] + 3 + 30, (blocked["at"], lag)
+        assert [p for _, p in lag][-1] is True
+        assert len(lag) <= 7, lag  # not one per read (every 5 s over 30 s), and growth only at steps
+        parked = [c for c in checks if c.dagster_event.asset_check_evaluation_data.check_name == PARKED_CHECK]
+        assert len(parked) == 2 and all(c.dagster_event.asset_check_evaluation_data.passed for c in parked)
+        # The sink names the log's latest version as its input once it has delivered it: not stale.
+        assert _stale(instance, defs, sink) == StaleStatus.FRESH
+    drain(config)  # whatever the run left: the mirror ends exact
+    deliver(config, spark_session(config.spark))
+    total = source_db.execute("SELECT count(*) FROM orders")[0][0]
+    assert assert_mirrored(source_db.dsn, "public.orders", dest.dsn, "mirror.orders") == total
 
 
 def _tick(defs, instance, name):  # type: ignore[no-untyped-def]

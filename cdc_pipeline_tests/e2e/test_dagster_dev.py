@@ -16,7 +16,6 @@ from typing import Any
 import psycopg
 import pytest
 from dagster import (
-    AssetKey,
     DagsterEventType,
     DagsterInstance,
     DagsterRunStatus,
@@ -133,9 +132,18 @@ def test_dagster_dev_streams_with_long_lived_runs(source_db, db_factory, write_c
         drains, deliveries = _runs(instance, DRAIN_JOB), _runs(instance, "deliver_mirror")
         assert len(drains) == 1 and len(deliveries) == 1, (drains, deliveries)
         assert drains[0].status == deliveries[0].status == DagsterRunStatus.STARTED
-        # The runs record the sink's lag and the lag checks while they stream.
-        mats = instance.fetch_materializations(AssetKey(["sink", "mirror"]), limit=100).records
-        assert len(mats) >= 3
+        # The runs record what means something (defs/pacing.py): a materialization at most once a minute
+        # (report_seconds) while data moves, and the lag checks when they change, not every 5 s.
+        for run in (drains[0], deliveries[0]):
+            record = instance.get_run_record_by_id(run.run_id)
+            assert record is not None and record.start_time is not None
+            age = time.time() - record.start_time
+            events = [e.dagster_event for e in instance.all_logs(run.run_id) if e.dagster_event is not None]
+            mats = [e for e in events if e.event_type == DagsterEventType.ASSET_MATERIALIZATION]
+            checks = [e for e in events if e.event_type == DagsterEventType.ASSET_CHECK_EVALUATION]
+            print(f"{run.job_name}: {len(mats)} materializations, {len(checks)} check evaluations in {age:.0f} s")
+            assert len(mats) <= age / 60 + 1, (run.job_name, len(mats), age)
+            assert 1 <= len(checks) <= 8, (run.job_name, len(checks), age)
         # Sensor evaluations stay cheap (the drain streams in its run, not in the sensor).
         for name in ("cdc_drain_sensor", "cdc_delivery_sensor"):
             ticks = [t for t in dev.sensor_ticks(name) if t["endTimestamp"]]

@@ -182,6 +182,7 @@ def _demo_running(tmp_path: Path) -> Iterator[tuple[Popen[str], Path, dict[int, 
                    420, "a run worker's JVM")
         cluster = _postmaster(root)
         assert cluster is not None and cluster.is_running()
+        _assert_quiet_console(log.read_text(), (root / "dagster.log").read_text(errors="replace"))
         yield proc, log, {**descendants(proc.pid), cluster.pid: cluster.name()}
 
 
@@ -212,6 +213,16 @@ def test_demo_ctrl_c_then_a_closing_terminal_forces(tmp_path: Path) -> None:
     assert proc.returncode == 128 + signal.SIGHUP, log.read_text()[-3000:]
     assert forced_in < 30, f"the forced stop took {forced_in:.1f} s"
     assert_none_left(started, 60)
+
+
+def _assert_quiet_console(console: str, dagster_log: str) -> None:
+    """The demo's console says what a user needs, not Dagster's per-event lines (those are in its log);
+    and the warnings `dagster dev` would print at start do not arise."""
+    assert "Dagster UI: http://127.0.0.1:" in console and "Dagster's log" in console, console
+    assert " - DEBUG - " not in console and "RUN_START" not in console, console[-3000:]
+    assert " - DEBUG - " in dagster_log  # the run workers' event lines went to the log file
+    for warning in ("will not be used", "is superseded"):
+        assert warning not in console and warning not in dagster_log, warning
 
 
 def spawn_args() -> list[str]:

@@ -1,0 +1,132 @@
+"""How often a streaming run writes to Dagster's event log. The run reads its figures every
+`streaming.EVENT_SECONDS` (the lag checks stay that responsive; metrics and `status` show the figures
+live), but records only what means something:
+
+- a materialization at most once per `report_seconds`, and only when data moved (the log's head, a
+  sink's offset). A sink that keeps up records just after the change log recorded a version (waiting
+  for it up to another `report_seconds`), naming that version as its input, so the UI reads it as up to
+  date; a sink that is behind records every `report_seconds`, naming its own offset (it reads
+  "Unsynced", as its lag says). When the change log records nothing (a drain outside Dagster), a sink
+  records every `report_seconds`.
+- a check evaluation when the check's outcome (passed, severity, description) differs from the one last
+  recorded, or when one of its figures moved materially: by at least the figure's step (a quarter of the
+  check's limit but at least `EVENT_SECONDS`, for ages; one message, for the parked count) and by at least
+  half of the value last recorded. A lag growing
+  from 0 towards a 60 s limit is recorded at 15 s and 30 s, then when it fails; while it keeps failing, at
+  each +50 % (90 s, 135 s, ...), so an outage of hours adds a dozen events, not thousands.
+
+Pure: the callers pass the clock and the figures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from dagster import AssetCheckEvaluation
+
+from cdc_pipeline.core.positions import Position
+from cdc_pipeline.defs.health import PARKED_CHECK, SINK_LAG_CHECK, SLOT_LAG_CHECK
+from cdc_pipeline.defs.streaming import EVENT_SECONDS
+from cdc_pipeline.defs.versions import version_position
+
+# Per check: its figures (metadata keys) and the step each must move by, as (limit key, fraction of the
+# limit; an age's step is at least EVENT_SECONDS, the resolution it is read at) or a fixed step.
+CHECK_FIGURES: dict[str, list[tuple[str, tuple[str, float] | float]]] = {
+    SLOT_LAG_CHECK: [("slot_lag_seconds", ("max_lag_seconds", 0.25))],
+    SINK_LAG_CHECK: [("lag_seconds", ("max_lag_seconds", 0.25))],
+    PARKED_CHECK: [("oldest_parked_seconds", ("max_parked_age_seconds", 0.25)), ("parked", 1.0)],
+}
+RELATIVE_STEP = 0.5
+
+
+def _number(value: Any) -> float:
+    raw = getattr(value, "value", value)  # a MetadataValue or a plain number
+    return float(raw) if isinstance(raw, int | float) else 0.0
+
+
+@dataclass
+class CheckGate:
+    """Lets a check evaluation through when its outcome or a figure changed materially (see above)."""
+
+    last: dict[str, tuple[tuple[Any, ...], dict[str, float]]] = field(default_factory=dict)
+
+    def changed(self, evaluations: Iterable[AssetCheckEvaluation]) -> list[AssetCheckEvaluation]:
+        out = []
+        for ev in evaluations:
+            outcome = (ev.passed, ev.severity, ev.description)
+            figures = {name: _number(ev.metadata.get(name)) for name, _ in CHECK_FIGURES.get(ev.check_name, [])}
+            before = self.last.get(ev.check_name)
+            if before is None or before[0] != outcome or self._moved(ev, before[1], figures):
+                self.last[ev.check_name] = (outcome, figures)
+                out.append(ev)
+        return out
+
+    @staticmethod
+    def _moved(ev: AssetCheckEvaluation, before: dict[str, float], now: dict[str, float]) -> bool:
+        for name, step in CHECK_FIGURES.get(ev.check_name, []):
+            absolute = step if isinstance(step, float) else max(EVENT_SECONDS,
+                                                                  _number(ev.metadata.get(step[0])) * step[1])
+            delta = abs(now[name] - before.get(name, 0.0))
+            if delta > 0 and delta >= absolute and delta >= RELATIVE_STEP * abs(before.get(name, 0.0)):
+                return True
+        return False
+
+
+@dataclass
+class LogPace:
+    """The change log: a materialization when its head moved, at most once per `every` seconds."""
+
+    every: float
+    at: float  # when the last one was recorded (the run's start at first)
+    head: Position | None = None
+
+    def due(self, head: Position, now: float) -> bool:
+        return head != self.head and now - self.at >= self.every
+
+    def recorded(self, head: Position, now: float) -> None:
+        self.head, self.at = head, now
+
+
+def covers(log_version: str | None, offset: Position, drained: bool) -> bool:
+    """Whether a sink at `offset` holds the change log's recorded version: its position is at or before the
+    offset, or nothing of the sink's is left in the log (`drained`, read after the version)."""
+    position = version_position(log_version)
+    return log_version is not None and (drained or (position is not None and position <= offset))
+
+
+@dataclass
+class SinkPace:
+    """A sink: a materialization when its offset moved, at most once per `every` seconds, aligned with
+    the change log's recorded versions when the sink keeps up with them (see the module's doc)."""
+
+    every: float
+    at: float
+    offset: Position | None = None
+    log_input: str | None = None  # the change-log version the last materialization named
+    caught_up: bool = True  # the last one named the log's version (not its own offset)
+
+    def input_version(self, now: float, offset: Position, log_version: str | None, log_at: float | None,
+                      drained: bool) -> str | None:
+        """The change-log version to record a materialization against now, or None for no materialization.
+        `drained`: nothing of the sink's is left after its offset (it covers whatever the log recorded)."""
+        if offset == self.offset or now - self.at < self.every:
+            return None
+        covered = covers(log_version, offset, drained)
+        log_age = None if log_at is None else now - log_at
+        reporting = log_age is not None and log_age < 2 * self.every  # the log records versions in Dagster
+        waited = now - self.at >= 2 * self.every
+        if covered:
+            # Record right after the log records a version, so that the two stay in phase: an older version
+            # would be superseded within seconds and leave the sink "Unsynced" until its next record.
+            fresh = log_version != self.log_input and log_age is not None and log_age <= self.every / 2
+            return log_version if fresh or waited or not reporting else None
+        if self.caught_up and reporting and not waited:
+            return None  # a moment behind the log's newest version: it catches up within seconds
+        return f"{offset[0]}:{offset[1]}"
+
+    def recorded(self, offset: Position, log_input: str, log_version: str | None, now: float) -> None:
+        self.offset, self.at, self.log_input = offset, now, log_input
+        self.caught_up = log_input == log_version
+
