@@ -2,7 +2,9 @@
 
 A 100,000-row and then a 1,000,000-row transaction are drained by the real `cdc-pipeline drain`
 process; its peak RSS must stay far below 1 GB and must not grow with the transaction: the 10x larger
-transaction may not cost much more than the smaller one.
+transaction may not cost much more than the smaller one. The million rows are the point and stay: a drain
+holding the transaction's changes as Python objects (some 300+ bytes each) would add 300+ MB at 1M rows,
+well past both bounds, where a smaller transaction's growth could hide inside the +50% / +20 MB slack.
 
 Peak RSS is the kernel's high-water mark VmHWM from /proc/PID/status, read until the process exits.
 (Not ru_maxrss: a child forked from this big pytest process inherits its RSS until exec, and ru_maxrss
