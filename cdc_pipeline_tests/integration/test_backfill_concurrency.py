@@ -194,7 +194,8 @@ def test_sigkilled_backfill_process_resumes_from_its_checkpoint(source_db, db_fa
             # Let it make progress (at least one new page), then kill it at a random moment.
             wait_for(lambda b=before, p=proc: staged_pages() > b or p.poll() is not None, timeout=120,
                      what="the backfill process to stage a page")
-            time.sleep(rng.uniform(0.0, 0.6))
+            # Within the next page or two (1250-row pages take ~0.07 s here; 5000-row ones took 0.36 s).
+            time.sleep(rng.uniform(0.0, 0.15))
             assert proc.poll() is None, f"finished before the kill: {proc.communicate()}"
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(30)
