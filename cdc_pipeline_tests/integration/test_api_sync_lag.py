@@ -76,11 +76,13 @@ def test_max_lag_with_five_collections_matches_the_computed_figure(source_db, wr
 
 
 def test_a_delete_sweep_does_not_starve_polling(source_db, write_config, monkeypatch):
-    """A 12-page full-id sweep of `a` runs again and again; changes to `a` and `b` made while it has ten
-    pages to go are in their tables within the computed max lag, which counts the sweep's slot."""
+    """An 8-page full-id sweep of `a` runs again and again; changes to `a` and `b` made while it has six,
+    five, three and two pages to go (all four in one sweep) are in their tables within the computed max
+    lag, which counts the sweep's slot. (A delete takes two sweeps to confirm, so the sweep's length sets
+    this test's duration: 8 pages keep a sweep well in progress around each change.)"""
     with FakeApi("rest") as api:
         monkeypatch.setenv("REST_TOKEN", api.bearer)
-        for i in range(60):
+        for i in range(40):
             api.put("a", f"{i:03d}", v=0)
         api.put("b", "1", v=0)
         source = rest_source(api, [{"name": n, "table": f"sweep.{n}", "fields": {"v": "integer"}, "page_size": 5}
@@ -99,7 +101,7 @@ def test_a_delete_sweep_does_not_starve_polling(source_db, write_config, monkeyp
             if collection != "a" or "updated_since" in query:
                 return  # a poll
             sweep_page["n"] = sweep_page["n"] + 1 if "cursor" in query else 1
-            if sweep_page["n"] in (2, 7) and armed:  # ten, then five sweep pages still to go
+            if sweep_page["n"] in (2, 3, 5, 6) and armed:  # six, five, three, two sweep pages to go
                 name, rid, value = armed.pop()
                 api.put(name, rid, v=value)
                 made.append((name, rid, value, time.monotonic()))
@@ -114,7 +116,7 @@ def test_a_delete_sweep_does_not_starve_polling(source_db, write_config, monkeyp
             api.delete("a", "007")  # the sweep still finds deletes
             api.on_request = after_request
             lags = []
-            for k, (name, rid) in enumerate([("a", "030"), ("b", "1"), ("a", "059"), ("b", "1")]):
+            for k, (name, rid) in enumerate([("a", "030"), ("b", "1"), ("a", "039"), ("b", "1")]):
                 armed.append((name, rid, k + 1))
                 while not made:
                     assert time.monotonic() < deadline + 120

@@ -29,16 +29,20 @@ from cdc_pipeline_tests.helpers import assert_mirrored, deliver, drain
 from cdc_pipeline_tests.integration.test_backfill import backfill_config, drain_running, wait_for
 
 ROWS = 200_000
+# The SIGKILL and side-by-side tests prove resumption and parallel windows, which do not depend on the
+# table's size but on its number of pages and on writers colliding with them: they keep the 200k test's
+# page counts (40 pages; 10 per window) on a quarter of the rows, with page sizes scaled to match.
+SMALL_ROWS = 50_000
 CLI = str(Path(sys.executable).with_name("cdc-pipeline"))
 
 
-def make_table(source_db: Any) -> None:
+def make_table(source_db: Any, rows: int = ROWS) -> None:
     source_db.execute(
-        "CREATE SEQUENCE public.acct_ids START 200001;"
+        f"CREATE SEQUENCE public.acct_ids START {rows + 1};"
         "CREATE TABLE public.acct (id bigint PRIMARY KEY, version integer NOT NULL, owner integer, "
         "payload text, updated_at timestamptz NOT NULL DEFAULT now());"
         f"INSERT INTO public.acct SELECT g, 0, g % 97, md5(g::text) || repeat('x', 60), now() "
-        f"FROM generate_series(1, {ROWS}) g")
+        f"FROM generate_series(1, {rows}) g")
 
 
 def two_sinks(source_db: Any, dest: Any, **backfill: Any) -> dict[str, Any]:
@@ -52,8 +56,9 @@ def two_sinks(source_db: Any, dest: Any, **backfill: Any) -> dict[str, Any]:
 class Writers:
     """Four writer threads: updates (version + 1), inserts and deletes until stopped."""
 
-    def __init__(self, dsn: str, state_dsn: str, seed: int) -> None:
+    def __init__(self, dsn: str, state_dsn: str, seed: int, rows: int = ROWS) -> None:
         self.dsn = dsn
+        self.rows = rows
         self.state_dsn = state_dsn
         self.stop_event = threading.Event()
         self.cursor = 1  # near where the backfill reads (refreshed from its pages)
@@ -99,7 +104,7 @@ class Writers:
                             op = rng.random()
                             if op < 0.7:
                                 near = rng.random() < 0.5
-                                target = self.cursor + rng.randint(0, 3000) if near else rng.randint(1, ROWS + 5000)
+                                target = self.cursor + rng.randint(0, 3000) if near else rng.randint(1, self.rows * 41 // 40)
                                 conn.execute("UPDATE public.acct SET version = version + 1, updated_at = now(), "
                                              "owner = %s WHERE id = %s", (rng.randint(0, 96), target))
                                 self.counts["update"] += 1
@@ -109,7 +114,7 @@ class Writers:
                                 self.counts["insert"] += 1
                             else:
                                 target = self.cursor + rng.randint(0, 3000) if rng.random() < 0.5 \
-                                    else rng.randint(1, ROWS + 5000)
+                                    else rng.randint(1, self.rows * 41 // 40)
                                 conn.execute("DELETE FROM public.acct WHERE id = %s", (target,))
                                 self.counts["delete"] += 1
                     time.sleep(rng.random() * 0.004)
@@ -163,8 +168,8 @@ def test_200k_rows_backfilled_while_four_writers_and_the_drain_run(source_db, db
 @pytest.mark.slow
 def test_sigkilled_backfill_process_resumes_from_its_checkpoint(source_db, db_factory, write_config, spark):
     dest = db_factory()
-    make_table(source_db)
-    config = write_config(two_sinks(source_db, dest, initial_page_size=5000, max_page_size=5000))
+    make_table(source_db, SMALL_ROWS)
+    config = write_config(two_sinks(source_db, dest, initial_page_size=1250, max_page_size=1250))
     setup(config)
     assert config.path
     command = [CLI, "--config", config.path, "backfill", "public.acct", "--wait", "--quiet"]
@@ -177,7 +182,7 @@ def test_sigkilled_backfill_process_resumes_from_its_checkpoint(source_db, db_fa
             return int(row[0]) if row else 0
 
     kills = 0
-    with drain_running(config), Writers(source_db.dsn, config.state_dsn, seed=2) as writers:
+    with drain_running(config), Writers(source_db.dsn, config.state_dsn, seed=2, rows=SMALL_ROWS) as writers:
         while True:
             before = staged_pages()
             proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -189,7 +194,8 @@ def test_sigkilled_backfill_process_resumes_from_its_checkpoint(source_db, db_fa
             # Let it make progress (at least one new page), then kill it at a random moment.
             wait_for(lambda b=before, p=proc: staged_pages() > b or p.poll() is not None, timeout=120,
                      what="the backfill process to stage a page")
-            time.sleep(rng.uniform(0.0, 0.6))
+            # Within the next page or two (1250-row pages take ~0.07 s here; 5000-row ones took 0.36 s).
+            time.sleep(rng.uniform(0.0, 0.15))
             assert proc.poll() is None, f"finished before the kill: {proc.communicate()}"
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(30)
@@ -204,7 +210,7 @@ def test_sigkilled_backfill_process_resumes_from_its_checkpoint(source_db, db_fa
     max_page = max(p["page_size"] for p in pages)
     with psycopg.connect(source_db.dsn) as conn:
         row = conn.execute("SELECT last_value FROM public.acct_ids").fetchone()
-        table_size = int(row[0]) if row else ROWS
+        table_size = int(row[0]) if row else SMALL_ROWS
     fetched = sum(p["rows"] for p in pages) + (attempts - len(pages)) * max_page
     assert fetched <= table_size + kills * max_page
     assert info.rows_read == sum(p["rows"] for p in pages)  # every staged page reconciled once
@@ -218,10 +224,10 @@ def test_two_partitions_backfilled_side_by_side_under_writers(source_db, db_fact
     """Two windows of one table to the same sinks at once (backfill.max_parallel): neither waits for the
     other, and the mirror and the append sink end as exactly as with one backfill."""
     dest = db_factory()
-    make_table(source_db)
-    config = write_config(two_sinks(source_db, dest, max_page_size=10000))
+    make_table(source_db, SMALL_ROWS)
+    config = write_config(two_sinks(source_db, dest, max_page_size=2500))
     setup(config)
-    windows = [("1", str(ROWS // 2)), (str(ROWS // 2), str(10**9))]
+    windows = [("1", str(SMALL_ROWS // 2)), (str(SMALL_ROWS // 2), str(10**9))]
     results: list[Any] = []
     errors: list[BaseException] = []
     running = threading.Barrier(2)
@@ -234,7 +240,7 @@ def test_two_partitions_backfilled_side_by_side_under_writers(source_db, db_fact
         except BaseException as exc:
             errors.append(exc)
 
-    with drain_running(config), Writers(source_db.dsn, config.state_dsn, seed=3) as writers:
+    with drain_running(config), Writers(source_db.dsn, config.state_dsn, seed=3, rows=SMALL_ROWS) as writers:
         threads = [threading.Thread(target=run, args=w) for w in windows]
         for t in threads:
             t.start()

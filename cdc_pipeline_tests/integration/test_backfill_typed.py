@@ -149,7 +149,7 @@ def test_two_typed_partitions_side_by_side_under_writers(source_db, db_factory, 
     from cdc_pipeline.backfill.engine import Backfiller, BackfillRequest
     from cdc_pipeline_tests.integration.test_backfill import drain_running
     from cdc_pipeline_tests.integration.test_backfill_concurrency import (
-        ROWS,
+        SMALL_ROWS,
         Writers,
         check_final_state,
         make_table,
@@ -157,8 +157,8 @@ def test_two_typed_partitions_side_by_side_under_writers(source_db, db_factory, 
     )
 
     dest = db_factory()
-    make_table(source_db)
-    config = write_config(two_sinks(source_db, dest, max_page_size=10000))
+    make_table(source_db, SMALL_ROWS)  # the page count (10 per window) matters here, not the rows
+    config = write_config(two_sinks(source_db, dest, max_page_size=2500))
     setup(config)
     results: list[Any] = []
     errors: list[BaseException] = []
@@ -172,8 +172,8 @@ def test_two_typed_partitions_side_by_side_under_writers(source_db, db_factory, 
         except BaseException as exc:
             errors.append(exc)
 
-    with drain_running(config), Writers(source_db.dsn, config.state_dsn, seed=11):
-        threads = [threading.Thread(target=run, args=w) for w in [("1", str(ROWS // 2)), (str(ROWS // 2), "1000000000")]]
+    with drain_running(config), Writers(source_db.dsn, config.state_dsn, seed=11, rows=SMALL_ROWS):
+        threads = [threading.Thread(target=run, args=w) for w in [("1", str(SMALL_ROWS // 2)), (str(SMALL_ROWS // 2), "1000000000")]]
         for t in threads:
             t.start()
         for t in threads:
