@@ -18,7 +18,7 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from cdc_pipeline.core.positions import Position
+from cdc_pipeline.core.positions import Position, position_text
 
 MAX_LANES = 64
 
@@ -34,9 +34,9 @@ def position_key(sink: str, lane: int, lanes: int, generation: int) -> str:
     return sink if lanes == 1 and generation == 0 else f"{sink}@{generation}#{lane}/{lanes}"
 
 
-def parking_group(group: str | None, key: str) -> str:
+def parking_group(group: str | None, position: Position) -> str:
     """The group a message is parked and laned under: an ungrouped message is its own group."""
-    return group if group is not None else f"~{key}"
+    return group if group is not None else f"~{position_text(position)}"
 
 
 def lane_of(group: str, lanes: int) -> int:

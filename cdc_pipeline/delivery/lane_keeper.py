@@ -160,8 +160,8 @@ class LaneKeeper:
     def mine(self, messages: Sequence[OutboundMessage], failed: Sequence[StageFailure]
              ) -> tuple[list[OutboundMessage], list[StageFailure]]:
         """The messages (and stage failures) of this lane that no earlier split settled."""
-        def ours(group: str, position: Position) -> bool:
-            return lane_of(group, self.lanes) == self.lane and not self.split.settled_before(group, position)
+        def ours(group: str | None, position: Position) -> bool:
+            parked_as = parking_group(group, position)
+            return lane_of(parked_as, self.lanes) == self.lane and not self.split.settled_before(parked_as, position)
 
-        return ([m for m in messages if ours(parking_group(m.group, m.key), position_of(m))],
-                [f for f in failed if ours(parking_group(f[1], f"{f[0][0]}:{f[0][1]}"), f[0])])
+        return ([m for m in messages if ours(m.group, position_of(m))], [f for f in failed if ours(f[1], f[0])])

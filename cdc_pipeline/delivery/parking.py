@@ -14,6 +14,7 @@ import pyarrow as pa
 
 from cdc_pipeline.config import SinkConfig
 from cdc_pipeline.core.backoff import next_delay_ms
+from cdc_pipeline.core.lanes import parking_group
 from cdc_pipeline.delivery.ordering import HELD, position_of, split_held
 from cdc_pipeline.delivery.outage import Liveness
 from cdc_pipeline.delivery.staging import NotIsolated, StageFailure, Stager
@@ -75,7 +76,7 @@ class ParkingLot:
         failed_groups: set[str | None] = set()
         items: list[tuple[Position, str | None, str, int]] = []
         for pos, group, err in sorted(stage_failed):
-            group = group if group is not None else f"~{pos[0]}:{pos[1]}"
+            group = parking_group(group, pos)
             first = group not in failed_groups
             failed_groups.add(group)
             items.append((pos, group, err if first else HELD, 1 if first and not isinstance(err, NotIsolated) else 0))
@@ -84,7 +85,7 @@ class ParkingLot:
             if err is None:
                 continue
             pos = position_of(m)
-            group = m.group if m.group is not None else f"~{m.key}"  # ungrouped: its own group
+            group = parking_group(m.group, pos)  # ungrouped: its own group
             first = group not in failed_groups
             failed_groups.add(group)
             # An unanswered message next to acknowledged ones is not yet known to be the culprit.

@@ -25,6 +25,7 @@ from cdc_pipeline.config.base import qualify
 from cdc_pipeline.core.lanes import lane_name, lane_of, parking_group, position_key
 from cdc_pipeline.core.positions import START, Position
 from cdc_pipeline.delivery.engine import Deliverer, messages_from, send_lock
+from cdc_pipeline.delivery.ordering import position_of
 from cdc_pipeline.delivery.plan import SinkPlan
 from cdc_pipeline.postgres import session
 from cdc_pipeline.sinks.base import Sink
@@ -146,8 +147,8 @@ def _replay_lane(deliverer: Deliverer, conn: psycopg.Connection, change_log: Cha
         messages = messages_from(out)
         filtered = batch.num_rows - len(messages) - len(stage_failed)
         if lanes > 1:
-            messages = [m for m in messages if lane_of(parking_group(m.group, m.key), lanes) == lane]
-            stage_failed = [f for f in stage_failed if lane_of(parking_group(f[1], f"{f[0][0]}:{f[0][1]}"), lanes) == lane]
+            messages = [m for m in messages if lane_of(parking_group(m.group, position_of(m)), lanes) == lane]
+            stage_failed = [f for f in stage_failed if lane_of(parking_group(f[1], f[0]), lanes) == lane]
         results = deliverer.send(messages)
         conn.commit()  # http_pull: the queued messages
         if lane == 0:  # every lane reads the window: lane 0 counts what it holds

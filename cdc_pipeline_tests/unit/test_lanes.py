@@ -16,9 +16,9 @@ def test_lane_of_is_stable_and_spreads() -> None:
     assert [lane_of(f"public|t|{i}", 4) for i in range(8)] == [lane_of(f"public|t|{i}", 4) for i in range(8)]
     counts = [0] * 4
     for i in range(4000):
-        counts[lane_of(parking_group(f"public|t|{i}", "k"), 4)] += 1
+        counts[lane_of(parking_group(f"public|t|{i}", (i, 0)), 4)] += 1
     assert min(counts) > 800
-    assert parking_group(None, "5:1") == "~5:1" and parking_group("g", "5:1") == "g"
+    assert parking_group(None, (5, 1)) == "~5:1" and parking_group("g", (5, 1)) == "g"
 
 
 def test_resplit_rejects_offsets_of_another_split() -> None:
