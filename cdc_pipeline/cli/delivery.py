@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import sys
-import threading
 from typing import Any
 
 import click
@@ -46,11 +44,10 @@ def deliver(ctx: click.Context, sink: str | None, lane: int | None, until_idle: 
     what is waiting now and stops. A sink with `lanes: N` is delivered by N deliverers (its lanes), or only
     by lane --lane."""
     shutdown = stop_on_signals()  # before the slow part: a signal during start-up is a clean stop
-    # pyarrow imports pandas at the first batch (timezone-aware timestamps): ~1 s, imported meanwhile
-    # while this thread waits on the databases.
-    threading.Thread(target=importlib.import_module, args=("pandas",), daemon=True).start()
     from cdc_pipeline.delivery.engine import Deliverer
     from cdc_pipeline.delivery.lazy_spark import LazySpark
+    from cdc_pipeline.delivery.pandas_free import prepare_arrow
+    from cdc_pipeline.delivery.plan import SinkPlan
     from cdc_pipeline.delivery.together import Abandoned, run_together
     from cdc_pipeline.ops.health import start_ops
     from cdc_pipeline.ops.signals import kill_descendants
@@ -62,6 +59,7 @@ def deliver(ctx: click.Context, sink: str | None, lane: int | None, until_idle: 
     if lane is not None and (sink is None or lane >= sinks[0].lanes):
         raise ConfigError(f"--lane {lane}: " + ("give --sink too" if sink is None else
                           f"sink {sink!r} has lanes 0 to {sinks[0].lanes - 1} (`lanes: {sinks[0].lanes}`)"))
+    prepare_arrow(needs_spark=any(SinkPlan.build(config, one).needs_record for one in sinks))
     lanes = [(one, i) for one in sinks for i in ([lane] if lane is not None else range(one.lanes))]
     spark = LazySpark(config.spark)
     out = open(output, "w") if output else sys.stdout  # noqa: SIM115 - closed below

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -75,6 +77,34 @@ def test_mirror_deliver_starts_without_a_jvm_and_delivers_at_once(
     limit = FIRST_ROW_LIMIT_S * max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
     assert first_row < limit, f"first row after {first_row:.2f} s (limit {limit:.1f} s)"
     assert_mirrored(source_db.dsn, "public.t", dest.dsn, "mirror.t")
+
+
+# The CLI's main, with a report at exit of whether pandas was ever imported.
+_REPORTING_PANDAS = ("import atexit, sys\n"
+                     "atexit.register(lambda: print('pandas imported:', 'pandas' in sys.modules, file=sys.stderr))\n"
+                     "from cdc_pipeline.cli import main\n"
+                     "sys.argv = ['cdc-pipeline', *sys.argv[1:]]\n"
+                     "main()\n")
+
+
+def test_a_deliver_without_spark_work_never_imports_pandas_and_mirrors_every_type(
+        source_db: Database, db_factory: Callable[[], Database], write_config: Callable[..., PipelineConfig]) -> None:
+    """pyarrow is told there is no pandas (delivery/pandas_free.py); the values that go through pyarrow's
+    Python conversions (timestamps with a zone, numerics, JSON, text with quotes and newlines) still arrive."""
+    dest = db_factory()
+    source_db.execute("CREATE TABLE public.odd (id text PRIMARY KEY, v jsonb, n numeric, t timestamptz, d date, "
+                      "a int[], b bytea)")
+    config = write_config(mirror_config(source_db.dsn, dest.dsn, ["public.odd"]))
+    setup(config)
+    source_db.execute("INSERT INTO odd VALUES (%s, %s, 1.50, '2026-01-02 03:04:05+05', '2026-01-02', '{1,NULL}', "
+                      "'\\x00ff'), ('b', NULL, NULL, NULL, NULL, NULL, NULL)", ('é"\\|\n', '{"x": [1, null]}'))
+    source_db.execute("UPDATE odd SET n = 2, t = 'infinity' WHERE id = 'b'")
+    drain(config)
+    done = subprocess.run([sys.executable, "-c", _REPORTING_PANDAS, "--config", config.path, "deliver", "--sink",
+                           "mirror", "--until-idle"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "pandas imported: False" in done.stderr
+    assert_mirrored(source_db.dsn, "public.odd", dest.dsn, "mirror.odd")
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=lambda s: s.name)
