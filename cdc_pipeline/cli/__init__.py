@@ -12,6 +12,7 @@ import importlib
 import logging
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 import click
 
@@ -72,6 +73,13 @@ def commands() -> dict[str, click.Command]:
     """Every verb's command, imported (for the generated reference)."""
     ctx = click.Context(cli)
     return {name: command for name in VERBS if (command := cli.get_command(ctx, name)) is not None}
+
+
+def run() -> NoReturn:
+    """The `cdc-pipeline` console script: one verb, then a fast exit (cli/fast_exit.py)."""
+    from cdc_pipeline.cli.fast_exit import exit_now
+
+    exit_now(main())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
