@@ -1,4 +1,5 @@
-"""A lean HTTP/1.1 client on asyncio streams, for the webhook's window of requests (issue 23).
+"""A lean HTTP client on asyncio streams, for the webhook's window of requests (issue 23): HTTP/1.1 here,
+HTTP/2 (sinks/http2.py) with an https endpoint whose TLS handshake picks `h2` from the offered protocols.
 
 httpx's connection pool costs milliseconds of CPU per request once ~100 are outstanding (measured:
 ~120 requests/s at 100 in flight against an endpoint answering in 20 ms, where a plain asyncio client
@@ -17,17 +18,10 @@ import ssl
 from collections import deque
 from urllib.parse import unquote, urlsplit
 
-from cdc_pipeline.sinks.http_guard import DeadlineExceeded
+from cdc_pipeline.sinks.http2 import Http2Connection
+from cdc_pipeline.sinks.http_guard import ConnectFailed, DeadlineExceeded, TransportFailed
 
 MAX_HEAD = 64 * 1024  # bytes of status line + headers accepted from an endpoint
-
-
-class ConnectFailed(Exception):
-    """No connection to the endpoint (refused, DNS, connect timeout): the endpoint as a whole is down."""
-
-
-class TransportFailed(Exception):
-    """The connection broke or the endpoint did not speak HTTP/1.1 properly."""
 
 
 class _Conn:
@@ -41,10 +35,11 @@ class _Conn:
             self.writer.close()
 
 
-class Http1Pool:
-    """Keep-alive connections to one URL's origin; as many as requests run at once (the caller bounds it)."""
+class HttpPool:
+    """Keep-alive HTTP/1.1 connections to one URL's origin, as many as requests run at once (the caller
+    bounds it); or, where the endpoint picks it (`http2`, https only), one HTTP/2 connection for them all."""
 
-    def __init__(self, url: str, keep: int) -> None:
+    def __init__(self, url: str, keep: int, http2: bool = True) -> None:
         parts = urlsplit(url)
         self.https = parts.scheme.lower() == "https"
         self.host = parts.hostname or ""
@@ -57,29 +52,32 @@ class Http1Pool:
         if parts.username is not None:
             pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
             self.basic = "Basic " + base64.b64encode(pair).decode()
-        self._ssl = ssl.create_default_context() if self.https else None
+        self._ssl = _context(["http/1.1"]) if self.https else None
         self._idle: deque[_Conn] = deque()
         self._keep = keep
+        # HTTP/2: offered in the first handshake (and again after a connection ends); None once the
+        # endpoint chose HTTP/1.1.
+        self._offer_h2 = _context(["h2", "http/1.1"]) if self.https and http2 else None
+        self._h2: Http2Connection | None = None
+        self._choosing = asyncio.Lock()
 
     async def post(self, headers: dict[str, str], body: bytes, deadline_s: float,
                    max_body: int) -> tuple[int, bytes]:
         """(status, at most `max_body` bytes of the body) within `deadline_s` for the whole exchange."""
         loop = asyncio.get_running_loop()
         until = loop.time() + deadline_s
+        if self._offer_h2 is not None:
+            h2 = await self._http2(until)
+            if h2 is not None:
+                if self.basic is not None and not any(k.lower() == "authorization" for k in headers):
+                    headers = {**headers, "Authorization": self.basic}
+                return await h2.post(headers, body, max(0.0, until - loop.time()), max_body)
         head = self._head(headers, len(body))
         for reused in (True, False):
             conn = self._take() if reused else None
             if conn is None:
                 reused = False
-                try:
-                    async with asyncio.timeout_at(until):
-                        conn = _Conn(*await asyncio.open_connection(
-                            self.host, self.port, ssl=self._ssl, limit=MAX_HEAD,
-                            server_hostname=self.host if self._ssl else None))
-                except TimeoutError:
-                    raise ConnectFailed("ConnectTimeout: no connection within the timeout") from None
-                except (OSError, ssl.SSLError) as exc:
-                    raise ConnectFailed(f"{type(exc).__name__}: {exc}") from exc
+                conn = await self._connect(until, self._ssl)
             try:
                 async with asyncio.timeout_at(until):
                     conn.writer.write(head + body)
@@ -106,6 +104,37 @@ class Http1Pool:
             return status, data
         raise AssertionError("unreachable")
 
+    async def _connect(self, until: float, context: ssl.SSLContext | None) -> _Conn:
+        try:
+            async with asyncio.timeout_at(until):
+                return _Conn(*await asyncio.open_connection(
+                    self.host, self.port, ssl=context, limit=MAX_HEAD,
+                    server_hostname=self.host if context else None))
+        except TimeoutError:
+            raise ConnectFailed("ConnectTimeout: no connection within the timeout") from None
+        except (OSError, ssl.SSLError) as exc:
+            raise ConnectFailed(f"{type(exc).__name__}: {exc}") from exc
+
+    async def _http2(self, until: float) -> Http2Connection | None:
+        """The endpoint's HTTP/2 connection, opened if need be; None when it chose HTTP/1.1 (the connection
+        of that handshake is kept for HTTP/1.1, and HTTP/2 is not offered again)."""
+        async with self._choosing:  # one handshake decides; the requests of the window wait for it
+            if self._h2 is not None and self._h2.usable:
+                return self._h2
+            if self._offer_h2 is None:
+                return None
+            if self._h2 is not None:
+                await self._h2.aclose()
+                self._h2 = None
+            conn = await self._connect(until, self._offer_h2)
+            tls = conn.writer.get_extra_info("ssl_object")
+            if tls is not None and tls.selected_alpn_protocol() == "h2":
+                self._h2 = Http2Connection(conn.reader, conn.writer, self.authority, self.target)
+                return self._h2
+            self._offer_h2 = None
+            self._idle.append(conn)
+            return None
+
     def _take(self) -> _Conn | None:
         """An idle connection the endpoint has not closed meanwhile."""
         while self._idle:
@@ -125,6 +154,16 @@ class Http1Pool:
     async def aclose(self) -> None:
         while self._idle:
             self._idle.pop().close()
+        if self._h2 is not None:
+            await self._h2.aclose()
+            self._h2 = None
+
+
+def _context(protocols: list[str]) -> ssl.SSLContext:
+    """The system's trust, offering `protocols` by ALPN."""
+    context = ssl.create_default_context()
+    context.set_alpn_protocols(protocols)
+    return context
 
 
 class _Stale(Exception):

@@ -21,6 +21,14 @@ class DeadlineExceeded(Exception):
     """The request as a whole took longer than its deadline."""
 
 
+class ConnectFailed(Exception):
+    """No connection to the endpoint (refused, DNS, TLS, connect timeout): the endpoint as a whole is down."""
+
+
+class TransportFailed(Exception):
+    """The connection broke, or the endpoint did not speak HTTP properly: the request has no answer."""
+
+
 TIMESTAMP_HEADER = "X-CDC-Timestamp"
 
 

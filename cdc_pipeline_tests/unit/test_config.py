@@ -554,7 +554,7 @@ def test_discriminator_tag_is_dropped_from_paths() -> None:
     assert message.splitlines() == [
         "cdc.yaml: sinks[0].destination.timeout_ms: must be an integer (got 'soon')",
         "cdc.yaml: sinks[0].destination: unknown key 'tabel' "
-        "(allowed: type, url, headers, timeout_ms, hmac_secret_env, signature_header, batch_size, max_in_flight)",
+        "(allowed: type, url, headers, timeout_ms, hmac_secret_env, signature_header, batch_size, max_in_flight, http2)",
     ]
 
 

@@ -31,6 +31,8 @@ class WebhookDestination(StrictModel):
     batch_size: int = Field(default=1000, gt=0, description="Messages per request.")
     max_in_flight: int = Field(default=MAX_IN_FLIGHT, gt=0, le=10000, description="Requests outstanding at once "
                                "(a sliding window; a group's next request waits for its previous one).")
+    http2: bool = Field(default=True, description="Speak HTTP/2 with an https endpoint that offers it (TLS "
+                        "ALPN): the whole window on one connection; false: always HTTP/1.1.")
 
     @field_validator("headers", mode="before")
     @classmethod

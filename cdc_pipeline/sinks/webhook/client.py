@@ -19,7 +19,8 @@
   soon as any returns; a chunk waits for the previous chunk of each of its groups to be acknowledged, so
   no group is ever reordered; ungrouped messages wait for nothing. A lean HTTP/1.1 client (sinks/http1.py) on the
   sink's own event loop keeps up to `max_in_flight` keep-alive connections, TCP_NODELAY; no thread per
-  request.
+  request. With an https endpoint that offers HTTP/2 (TLS ALPN; `http2: false` turns it off), the whole
+  window goes over one connection as concurrent streams (sinks/http2.py).
 * Every request carries an `Idempotency-Key` header: the message's key, or `first..last` for a request
   of several messages (each message's own key is in its metadata).
 * `route` is ignored: a webhook sink has one URL.
@@ -45,10 +46,12 @@ from cdc_pipeline.sinks.base import (
     Unreachable,
     safe_endpoint,
 )
-from cdc_pipeline.sinks.http1 import ConnectFailed, Http1Pool, TransportFailed
+from cdc_pipeline.sinks.http1 import HttpPool
 from cdc_pipeline.sinks.http_guard import (
     MAX_ERROR_BODY,
+    ConnectFailed,
     DeadlineExceeded,
+    TransportFailed,
     mask,
     secrets_of,
     timestamped_signature,
@@ -85,12 +88,13 @@ class WebhookSink(Sink):
         self.signature_header: str = dest.signature_header
         self.batch_size: int = dest.batch_size
         self.max_in_flight: int = dest.max_in_flight
+        self.http2: bool = dest.http2
         self._where = safe_endpoint(self.url)  # for messages
         self._environ = environ
         self._secret: bytes | None = None
         self._masked: list[str] = []  # values that must never appear in an error
         self._runner: EventLoopThread | None = None
-        self._pool: Http1Pool | None = None
+        self._pool: HttpPool | None = None
 
     # -- lifecycle --------------------------------------------------------------------------------
     def open(self) -> None:
@@ -105,7 +109,7 @@ class WebhookSink(Sink):
                                   [self._secret.decode()] if self._secret else [])
         if self._runner is None:
             self._runner = EventLoopThread(f"webhook-sink-{self.name}")
-        self._pool = Http1Pool(self.url, self.max_in_flight)
+        self._pool = HttpPool(self.url, self.max_in_flight, self.http2)
 
     def close(self) -> None:
         runner, pool, self._runner, self._pool = self._runner, self._pool, None, None
