@@ -18,7 +18,7 @@ import ssl
 from collections import deque
 from urllib.parse import unquote, urlsplit
 
-from cdc_pipeline.sinks.http2 import Http2Connection
+from cdc_pipeline.sinks.http2 import Http2Connection, StreamRefused
 from cdc_pipeline.sinks.http_guard import ConnectFailed, DeadlineExceeded, TransportFailed
 
 MAX_HEAD = 64 * 1024  # bytes of status line + headers accepted from an endpoint
@@ -59,6 +59,7 @@ class HttpPool:
         # endpoint chose HTTP/1.1.
         self._offer_h2 = _context(["h2", "http/1.1"]) if self.https and http2 else None
         self._h2: Http2Connection | None = None
+        self._retiring: set[Http2Connection] = set()
         self._choosing = asyncio.Lock()
 
     async def post(self, headers: dict[str, str], body: bytes, deadline_s: float,
@@ -67,11 +68,14 @@ class HttpPool:
         loop = asyncio.get_running_loop()
         until = loop.time() + deadline_s
         if self._offer_h2 is not None:
-            h2 = await self._http2(until)
-            if h2 is not None:
-                if self.basic is not None and not any(k.lower() == "authorization" for k in headers):
-                    headers = {**headers, "Authorization": self.basic}
-                return await h2.post(headers, body, max(0.0, until - loop.time()), max_body)
+            if self.basic is not None and not any(k.lower() == "authorization" for k in headers):
+                headers = {**headers, "Authorization": self.basic}
+            while (h2 := await self._http2(until)) is not None:  # None: the endpoint chose HTTP/1.1
+                try:
+                    return await h2.post(headers, body, max(0.0, until - loop.time()), max_body)
+                except StreamRefused:  # not processed by the endpoint: again on a new connection, in time
+                    if loop.time() >= until:
+                        raise DeadlineExceeded() from None
         head = self._head(headers, len(body))
         for reused in (True, False):
             conn = self._take() if reused else None
@@ -123,8 +127,8 @@ class HttpPool:
                 return self._h2
             if self._offer_h2 is None:
                 return None
-            if self._h2 is not None:
-                await self._h2.aclose()
+            if self._h2 is not None:  # ending: it closes itself after its last answer
+                self._retiring.add(self._h2)
                 self._h2 = None
             conn = await self._connect(until, self._offer_h2)
             tls = conn.writer.get_extra_info("ssl_object")
@@ -154,9 +158,9 @@ class HttpPool:
     async def aclose(self) -> None:
         while self._idle:
             self._idle.pop().close()
-        if self._h2 is not None:
-            await self._h2.aclose()
-            self._h2 = None
+        for h2 in [*self._retiring, *([self._h2] if self._h2 is not None else [])]:
+            await h2.aclose()
+        self._h2, self._retiring = None, set()
 
 
 def _context(protocols: list[str]) -> ssl.SSLContext:

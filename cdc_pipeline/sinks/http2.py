@@ -10,8 +10,10 @@ DeadlineExceeded otherwise.
   for a stream, within its deadline.
 * Flow control: a body goes out as the endpoint's windows allow; what comes back is acknowledged at once
   (at most `max_body` bytes of it are kept).
-* A GOAWAY stops new streams on the connection (the next request opens another); a broken connection or a
-  reset stream fails the requests it carried with TransportFailed: no answer, so the engine sends them again.
+* A GOAWAY stops new streams on the connection: the requests it did not take (StreamRefused: past its
+  last stream, or REFUSED_STREAM) are sent again on a new connection by the pool, those it took are answered
+  on the old one, which closes after the last. A broken connection or another reset fails the requests it
+  carried with TransportFailed: no answer, so the engine sends them again.
 * A request past its deadline is reset (CANCEL), so the endpoint stops working on it.
 """
 
@@ -29,6 +31,11 @@ import h2.exceptions
 from cdc_pipeline.sinks.http_guard import DeadlineExceeded, TransportFailed
 
 READ_SIZE = 64 * 1024
+
+
+class StreamRefused(TransportFailed):
+    """The endpoint did not process this request (a GOAWAY before its stream, REFUSED_STREAM, or the connection
+    was already ending): safe to send again on a new connection (RFC 9113, 8.7)."""
 
 
 def _code(value: int) -> str:
@@ -100,18 +107,26 @@ class Http2Connection:
         finally:
             if stream_id is not None:
                 self._streams.pop(stream_id, None)
+            self._retire_if_done()
 
     async def aclose(self) -> None:
         if self._closed is None:
-            self._closed = "closed by the client"
             with contextlib.suppress(Exception):
                 self._h2.close_connection()
                 self._flush()
+        self._end("closed by the client")
         self._reading.cancel()
         with contextlib.suppress(BaseException):
             await self._reading
-        with contextlib.suppress(Exception):
-            self._writer.close()
+
+    def _retire_if_done(self) -> None:
+        """A connection that takes no new streams (GOAWAY, replaced) closes once its last request ended."""
+        if self._closed is not None and not self._streams:
+            with contextlib.suppress(Exception):
+                self._h2.close_connection()
+                self._flush()
+            self._end(self._closed)
+            self._reading.cancel()
 
     # -- sending ----------------------------------------------------------------------------------
     async def _send_body(self, stream_id: int, body: bytes) -> None:
@@ -138,7 +153,7 @@ class Http2Connection:
 
     def _check_open(self) -> None:
         if self._closed is not None:
-            raise TransportFailed(f"HTTP/2 connection ended: {self._closed}")
+            raise StreamRefused(f"HTTP/2 connection ended: {self._closed}")
 
     def _flush(self) -> None:
         data = self._h2.data_to_send()
@@ -190,7 +205,7 @@ class Http2Connection:
             self._closed = f"GOAWAY ({_code(event.error_code)})"
             for sid, s in self._streams.items():
                 if (event.last_stream_id is None or sid > event.last_stream_id) and not s.answer.done():
-                    s.answer.set_exception(TransportFailed(f"HTTP/2 connection ended: {self._closed}"))
+                    s.answer.set_exception(StreamRefused(f"HTTP/2 connection ended: {self._closed}"))
 
     def _end(self, why: str) -> None:
         self._closed = self._closed or why

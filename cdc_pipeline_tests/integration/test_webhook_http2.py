@@ -9,11 +9,16 @@ import asyncio
 import json
 import os
 import socket
+import ssl
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import h2.config
+import h2.connection
+import h2.events
+import h2.exceptions
 import pytest
 import trustme
 from hypercorn.asyncio import serve
@@ -222,5 +227,79 @@ def test_the_ca_bundle_fixture_is_what_makes_the_endpoint_trusted(tls: tuple[str
             sink.close()
         assert server.requests == []
         assert Path(tls[2]).read_text().startswith("-----BEGIN CERTIFICATE-----")
+    finally:
+        server.stop()
+
+
+class GoawayAfterFirst:
+    """A raw HTTP/2 server (hyper-h2, TLS, ALPN h2) that answers the first stream of each connection and
+    then sends GOAWAY naming it as the last: every other stream of that connection was not processed."""
+
+    def __init__(self, tls: tuple[str, str]) -> None:
+        self.processed: list[str] = []  # idempotency keys answered 200
+        self.connections = 0
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(*tls)
+        context.set_alpn_protocols(["h2"])
+        self._loop = asyncio.new_event_loop()
+        ready = threading.Event()
+        box: dict[str, Any] = {}
+
+        async def start() -> None:
+            box["server"] = await asyncio.start_server(self._handle, "127.0.0.1", 0, ssl=context)
+            ready.set()
+
+        self._thread = threading.Thread(target=lambda: (self._loop.run_until_complete(start()),
+                                                        self._loop.run_forever()), daemon=True)
+        self._thread.start()
+        ready.wait(10)
+        self._server = box["server"]
+        self.url = f"https://localhost:{self._server.sockets[0].getsockname()[1]}/hook"
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+        conn.initiate_connection()
+        writer.write(conn.data_to_send())
+        bodies: dict[int, bytes] = {}
+        first: int | None = None
+        try:
+            while data := await reader.read(65536):
+                for event in conn.receive_data(data):
+                    if isinstance(event, h2.events.DataReceived):
+                        conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+                        bodies[event.stream_id] = bodies.get(event.stream_id, b"") + event.data
+                    elif isinstance(event, h2.events.StreamEnded) and first is None:
+                        first = event.stream_id
+                        await asyncio.sleep(0.05)  # let the client's other streams arrive first
+                        self.processed += [m["metadata"]["idempotency_key"]
+                                           for m in json.loads(bodies[first])["data"]]
+                        conn.send_headers(first, [(":status", "200")], end_stream=True)
+                        conn.close_connection(last_stream_id=first)
+                writer.write(conn.data_to_send())
+                await writer.drain()
+        except (ConnectionError, h2.exceptions.ProtocolError):
+            pass
+        finally:
+            writer.close()
+
+    def stop(self) -> None:
+        self._loop.call_soon_threadsafe(self._server.close)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+
+def test_requests_the_endpoint_did_not_process_go_again_on_a_new_connection(trusted: tuple[str, str]) -> None:
+    server = GoawayAfterFirst(trusted)
+    try:
+        batch = messages(6, groups=6)  # six groups: all six requests go out at once
+        sink = webhook(server.url, batch_size=1, max_in_flight=6)
+        sink.open()
+        try:
+            assert deliver_in_order(sink, batch) == [None] * 6
+        finally:
+            sink.close()
+        assert sorted(server.processed) == sorted(keys(batch)), "each request processed exactly once"
+        assert server.connections >= 2
     finally:
         server.stop()
