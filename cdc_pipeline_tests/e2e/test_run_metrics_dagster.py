@@ -2,7 +2,8 @@
 --metrics-port` serve, each on its port of the map (ops/run_ports.py). The drain job and a delivery job run
 as real runs, each in its own run worker process, under a small write load: /metrics agrees with `status`
 (counters equal to what arrived, monotonic), /healthz and /readyz answer, the run's log says where once, and
-a run that ends leaves no server thread and no listening socket."""
+a run that ends leaves no server thread and no listening socket. The delivery run starts while its port is
+still held (a previous run stopping): it delivers meanwhile and serves once the port is released."""
 
 from __future__ import annotations
 
@@ -97,6 +98,10 @@ def test_drain_and_delivery_runs_serve_metrics_on_their_ports(source_db, db_fact
     setup(config)
     source_db.execute("INSERT INTO orders SELECT g, g FROM generate_series(1, 200) g")
     drain_port, mirror_port = first, first + 3
+    # The mirror's port is still held (as by a previous run of its job, stopping): its run must deliver anyway.
+    held = socket.socket()
+    held.bind(("127.0.0.1", mirror_port))
+    held.listen()
     runs = [_run(tmp_path / "cdc.yaml", "cdc_drain", "cdc__change_log", drain_port),
             _run(tmp_path / "cdc.yaml", "deliver_mirror", "sink__mirror", mirror_port)]
     try:
@@ -104,7 +109,11 @@ def test_drain_and_delivery_runs_serve_metrics_on_their_ports(source_db, db_fact
             assert all(run.poll() is None for run in runs), [run.communicate()[1][-3000:] for run in runs]
             return _get(port, "/readyz")[0] == 200
 
-        wait_until(lambda: up(drain_port) and up(mirror_port), 180, "both runs ready on their ports")
+        wait_until(lambda: up(drain_port), 180, "the drain run ready on its port")
+        wait_until(lambda: status.collect(config)["sinks"]["mirror"]["delivered"] == 200, 180,
+                   "the first rows delivered while the run's port is busy")
+        held.close()
+        wait_until(lambda: up(mirror_port), 30, "the delivery run serving once its port is free")
         assert _get(drain_port, "/healthz") == (200, "ok\n") and _get(mirror_port, "/healthz") == (200, "ok\n")
 
         delivered = ("cdc_sink_messages_delivered_total", (("sink", "mirror"),))
@@ -138,10 +147,15 @@ def test_drain_and_delivery_runs_serve_metrics_on_their_ports(source_db, db_fact
         assert drained[("cdc_transactions_logged_total", ())] >= 1 and drained[("cdc_drain_retries_total", ())] == 0
         assert (logged[0], ()) not in mirror and delivered not in drained  # each run its own work
     finally:
+        held.close()
         reports = [_report(run) if run.poll() is None else {"exited": run.communicate()} for run in runs]
-    for report, port in zip(reports, (drain_port, mirror_port), strict=True):
+    for report in reports:
         assert report["threads"] == [] and report["bindable"], report
-        said = [m for m in report["metrics_logs"] if "metrics and health of this run" in m]
-        assert said == [f"metrics and health of this run on 127.0.0.1:{port}: http://127.0.0.1:{port}/metrics, "
-                        "/healthz, /readyz"], report
+    where = "metrics and health of this run on 127.0.0.1:{0}: http://127.0.0.1:{0}/metrics, /healthz, /readyz"
+    assert reports[0]["metrics_logs"] == [where.format(drain_port)]
+    # The delivery run said once what it waited for (not per try), then once where it serves.
+    waited, bound = reports[1]["metrics_logs"]
+    assert waited == (f"metrics port 127.0.0.1:{mirror_port} is in use (the previous run of this job still "
+                      "stopping?): serving /metrics, /healthz, /readyz there once it is free")
+    assert bound.startswith(where.format(mirror_port) + " (bound after waiting "), bound
     assert assert_mirrored(source_db.dsn, "public.orders", dest.dsn, "mirror.orders") == total
