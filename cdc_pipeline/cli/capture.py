@@ -29,12 +29,12 @@ def drain(ctx: click.Context, until_idle: bool, seconds: float | None, metrics_p
     stop_on_signals()  # before the slow part: a signal during start-up is a clean stop
     from cdc_pipeline.capture.drain import Drain
     from cdc_pipeline.ops.health import start_ops
+    from cdc_pipeline.ops.readiness import drain_streaming
 
     config = load(ctx)
     runner = Drain(config)
     stop_on_signals(runner.stop)
-    ops = start_ops(config, metrics_port, lambda: [runner],
-                    [lambda: None if runner._phase == "streaming" else f"drain: {runner._phase}"])
+    ops = start_ops(config, metrics_port, lambda: [runner], [drain_streaming(runner)])
     try:
         stats = runner.run(seconds=seconds, until_idle=until_idle)
     finally:

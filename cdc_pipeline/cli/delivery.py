@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any
 
 import click
 
@@ -50,6 +49,7 @@ def deliver(ctx: click.Context, sink: str | None, lane: int | None, until_idle: 
     from cdc_pipeline.delivery.plan import SinkPlan
     from cdc_pipeline.delivery.together import Abandoned, run_together
     from cdc_pipeline.ops.health import start_ops
+    from cdc_pipeline.ops.readiness import deliverers_not_waiting
     from cdc_pipeline.ops.signals import kill_descendants
 
     config = load(ctx)
@@ -69,7 +69,7 @@ def deliver(ctx: click.Context, sink: str | None, lane: int | None, until_idle: 
         for deliverer in deliverers:
             shutdown.on_stop(deliverer.stop)
         ops = None if dry_run else start_ops(config, metrics_port, lambda: list(deliverers),
-                                             [lambda: _waiting(deliverers)])
+                                             [deliverers_not_waiting(lambda: deliverers)])
         # A dry run shows what is waiting now; it does not wait for more unless given --seconds.
         once = until_idle or (dry_run and seconds is None)
         if dry_run:  # one after the other: their messages must not interleave in the output
@@ -94,13 +94,6 @@ def deliver(ctx: click.Context, sink: str | None, lane: int | None, until_idle: 
         if out is not sys.stdout:
             out.close()
     return 0
-
-
-def _waiting(deliverers: list[Any]) -> str | None:
-    """/readyz of `deliver`: not ready while a sink waits on an outage (the reason is the sink's)."""
-    waits = [f"sink {d.sink_config.name} waiting: {d.stats.waiting}" for d in deliverers
-             if d.stats is not None and d.stats.waiting]
-    return "; ".join(waits) or None
 
 
 @click.command(cls=Verb, short_help="list, retry or discard parked messages", epilog=examples(

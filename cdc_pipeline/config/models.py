@@ -24,6 +24,7 @@ from cdc_pipeline.config.base import (
 from cdc_pipeline.config.errors import ConfigError, Loc, fail
 from cdc_pipeline.config.sinks import SinkConfig
 from cdc_pipeline.config.tables import TableConfig
+from cdc_pipeline.ops.run_ports import run_ports_problem
 
 _DEPRECATED = "Deprecated: accepted and validated, has no effect (loading warns)."
 
@@ -179,11 +180,16 @@ _API_ONLY: ContextVar[bool] = ContextVar("cdc_pipeline_api_only", default=False)
 
 
 class MetricsConfig(StrictModel):
-    """Prometheus /metrics, /healthz and /readyz of drain, deliver, serve and api-sync (off without a port)."""
+    """Prometheus /metrics, /healthz and /readyz of drain, deliver, serve and api-sync (off without a port) and
+    of the long-lived Dagster runs (off without `run_ports_from`)."""
 
     port: int | None = Field(default=None, ge=0, le=65535, description="Port to serve on; none: off "
                              "(`--metrics-port` overrides it).")
     host: str = Field(default="127.0.0.1", description="Address to listen on.")
+    run_ports_from: int | None = Field(default=None, ge=1, le=65535, description="Dagster: the long-lived "
+                                       "runs serve the same endpoints, the drain run on this port and each sink "
+                                       "lane's delivery run on the next ones (sinks in config order, lanes 0 to "
+                                       "N-1); none: off. The map: docs/explanation/operations.md.")
 
 
 class PipelineConfig(StrictModel):
@@ -260,6 +266,11 @@ class PipelineConfig(StrictModel):
                             f"unknown table '{name}' (configured tables: {', '.join(first_table)})",
                         )
                     )
+        if self.metrics.run_ports_from is not None:
+            why = run_ports_problem(self.metrics.run_ports_from, [(s.name, s.lanes) for s in self.sinks],
+                                    self.metrics.port)
+            if why:
+                problems.append((("metrics", "run_ports_from"), why))
         if problems:
             fail(*problems)
         return self

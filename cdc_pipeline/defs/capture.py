@@ -44,11 +44,14 @@ from cdc_pipeline.defs.asset_data import ChangeLogData, SourceTableData
 from cdc_pipeline.defs.health import log_head, slot_check, slot_figures, slot_lag_spec
 from cdc_pipeline.defs.pacing import CheckGate, LogPace
 from cdc_pipeline.defs.resources import CdcConfigResource
+from cdc_pipeline.defs.run_metrics import run_metrics
 from cdc_pipeline.defs.runs import next_run, wait_for_predecessor
 from cdc_pipeline.defs.streaming import EVENT_SECONDS, stream_while
 from cdc_pipeline.defs.tags import AFTER_TAG, DRAIN_TAGS, NO_RUN_RETRIES
 from cdc_pipeline.defs.translator import CdcTranslator, asset_args, source_tables
 from cdc_pipeline.defs.versions import position_version, provenance_tags, upstream_inputs
+from cdc_pipeline.ops.readiness import drain_streaming
+from cdc_pipeline.ops.run_ports import run_port
 
 DRAIN_JOB = "cdc_drain"
 
@@ -98,10 +101,12 @@ def build_change_log_asset(spec: AssetSpec, tables: list[str]) -> AssetsDefiniti
                 events.append(AssetMaterialization(key, metadata=metadata, tags=tags))
             return events + gate.changed([slot_check(pipeline, key, figures)])
 
-        stats = yield from stream_while(
-            "cdc-drain", lambda: drain.run(seconds=seconds, until_idle=config.until_idle), drain.stop, poll,
-            EVENT_SECONDS, lambda exc: context.log.warning(f"could not read the slot's figures: {exc}"),
-            lambda result: context.log.info(_stopped(result)))
+        # The same /metrics, /healthz, /readyz as `drain --metrics-port`, on the drain's port of the map.
+        with run_metrics(context.log, pipeline, run_port(pipeline), lambda: [drain], [drain_streaming(drain)]):
+            stats = yield from stream_while(
+                "cdc-drain", lambda: drain.run(seconds=seconds, until_idle=config.until_idle), drain.stop, poll,
+                EVENT_SECONDS, lambda exc: context.log.warning(f"could not read the slot's figures: {exc}"),
+                lambda result: context.log.info(_stopped(result)))
         context.log.info(f"drained {stats.changes} changes ({stats.rate:.0f}/s) in {stats.seconds:.0f} s")
         figures = drain_figures(pipeline, stats)
         version, metadata, tags = materialization(figures, log_head(pipeline, tables))

@@ -42,12 +42,15 @@ from cdc_pipeline.defs.asset_data import ChangeLogData, SinkData
 from cdc_pipeline.defs.health import sink_check_specs, sink_checks, sink_figures
 from cdc_pipeline.defs.pacing import CheckGate, SinkPace, covers
 from cdc_pipeline.defs.resources import CdcConfigResource, SinksResource, SparkResource
+from cdc_pipeline.defs.run_metrics import run_metrics
 from cdc_pipeline.defs.runs import next_run, wait_for_predecessor
 from cdc_pipeline.defs.streaming import EVENT_SECONDS, stream_while
 from cdc_pipeline.defs.tags import AFTER_TAG, NO_RUN_RETRIES, delivery_run_tags
 from cdc_pipeline.defs.translator import CdcTranslator, asset_args
 from cdc_pipeline.defs.versions import Recorded, latest, provenance_tags, upstream_inputs, version_position
 from cdc_pipeline.delivery.engine import Deliverer, DeliveryStats
+from cdc_pipeline.ops.readiness import deliverers_not_waiting
+from cdc_pipeline.ops.run_ports import run_port
 from cdc_pipeline.postgres import session
 from cdc_pipeline.state.lanes import SinkLanes
 from cdc_pipeline.state.store import Store
@@ -111,11 +114,17 @@ def build_sink_asset(sink: SinkConfig, spec: AssetSpec, log_key: AssetKey) -> As
                 events.append(AssetMaterialization(key, metadata=figures, tags=tags))
             return events + gate.changed(sink_checks(pipeline, key, figures))
 
-        stats = yield from stream_while(
-            f"cdc-deliver-{deliverer.lane.name}", lambda: deliverer.run(until_idle=config.until_idle, seconds=seconds),
-            deliverer.stop, poll, EVENT_SECONDS,
-            lambda exc: context.log.warning(f"could not read sink {sink.name}'s figures: {exc}"),
-            lambda result: context.log.info(_stopped(sink.name, result)))
+        # The same /metrics, /healthz, /readyz as `deliver --sink S --lane I --metrics-port`, on the lane's
+        # port of the map (none for a dry run, as in the CLI).
+        port = None if config.dry_run else run_port(pipeline, sink.name, config.lane)
+        with run_metrics(context.log, pipeline, port, lambda: [deliverer],
+                         [deliverers_not_waiting(lambda: [deliverer])]):
+            stats = yield from stream_while(
+                f"cdc-deliver-{deliverer.lane.name}",
+                lambda: deliverer.run(until_idle=config.until_idle, seconds=seconds),
+                deliverer.stop, poll, EVENT_SECONDS,
+                lambda exc: context.log.warning(f"could not read sink {sink.name}'s figures: {exc}"),
+                lambda result: context.log.info(_stopped(sink.name, result)))
         log = latest(context.instance, log_key)
         figures = sink_figures(pipeline, sink_config)
         offset = version_position(figures["offset"]) or START

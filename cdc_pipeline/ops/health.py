@@ -11,6 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import Collector
 
 from cdc_pipeline.config import PipelineConfig
 from cdc_pipeline.core.metrics_registry import REGISTRY
@@ -22,8 +23,12 @@ Check = Callable[[], str | None]
 
 
 class OpsServer:
-    def __init__(self, host: str, port: int, live: list[Check], ready: list[Check]) -> None:
-        self.live, self.ready = live, ready
+    """Binds in the constructor (OSError when the port is taken); `stop` closes the socket, ends the serving
+    thread and unregisters ``registered`` (the collector it serves), so a process may start another."""
+
+    def __init__(self, host: str, port: int, live: list[Check], ready: list[Check],
+                 registered: Collector | None = None) -> None:
+        self.live, self.ready, self.registered = live, ready, registered
         self.httpd = ThreadingHTTPServer((host, port), self._handler())
         self.httpd.daemon_threads = True
         self.port = int(self.httpd.server_address[1])
@@ -35,8 +40,13 @@ class OpsServer:
         return self
 
     def stop(self) -> None:
-        self.httpd.shutdown()
+        if self._thread.is_alive():
+            self.httpd.shutdown()
+            self._thread.join()
         self.httpd.server_close()
+        if self.registered is not None:
+            REGISTRY.unregister(self.registered)
+            self.registered = None
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         server = self
@@ -83,6 +93,19 @@ def start_ops(config: PipelineConfig, port: int | None, runners: Callable[[], li
     port = port if port is not None else config.metrics.port
     if port is None:
         return None
+    collector, checks = register_pipeline_metrics(config, runners, ready, status_ready)
+    try:
+        return OpsServer(config.metrics.host, port, live=[], ready=checks, registered=collector).start()
+    except BaseException:
+        REGISTRY.unregister(collector)
+        raise
+
+
+def register_pipeline_metrics(config: PipelineConfig, runners: Callable[[], list[Any]],
+                              ready: list[Check] | None = None, status_ready: bool = True
+                              ) -> tuple[Collector, list[Check]]:
+    """Register this process's pipeline collector (what `/metrics` serves besides the histograms) and
+    return it with the readiness checks; the caller unregisters it (OpsServer.stop does)."""
     from cdc_pipeline.admin import status
     from cdc_pipeline.ops.metrics import PipelineCollector
 
@@ -93,8 +116,7 @@ def start_ops(config: PipelineConfig, port: int | None, runners: Callable[[], li
         collector.status()
         return f"state database: {collector.status_error}" if collector.status_error else None
 
-    checks = [state_db] if status_ready else []
-    return OpsServer(config.metrics.host, port, live=[], ready=[*checks, *(ready or [])]).start()
+    return collector, [*([state_db] if status_ready else []), *(ready or [])]
 
 
 def state_reachable(config: PipelineConfig, timeout_s: int = 3) -> Check:
