@@ -56,6 +56,7 @@ def run_through_dagster(cluster: embedded.EmbeddedPostgres, cfg: Path, state_dsn
             runs = instance.get_runs()
             new = [r for r in runs if r.run_id not in before]
             alive = sorted(f"{r.job_name} ({r.status.value})" for r in runs)
+            started = {r.dagster_run.job_name: r.start_time for r in instance.get_run_records()}
             load_window = load.ended_at - load.started_at
             events = count_events(instance, load.started_at, load.ended_at)
             blocked = None
@@ -72,6 +73,8 @@ def run_through_dagster(cluster: embedded.EmbeddedPostgres, cfg: Path, state_dsn
           f"changes/s ({load.changes:,} in {load_window:.1f} s; generator at most {load.behind:.2f} s behind); "
           f"{len(lags):,} changes: lag p50 {p50:.3f} s, p95 {p95:.3f} s, p99 {p99:.3f} s, max {lags[-1]:.3f} s")
     print(busy)
+    print("runs started (seconds before the load's start): "
+          + ", ".join(f"{job} {load.started_at - t:.0f} s" for job, t in sorted(started.items()) if t))
     print(f"runs: {len(runs)} in all ({', '.join(alive)}); {len(new)} launched during the {window:.0f} s "
           "measurement")
     slowest = {k: max(v, default=0.0) for k, v in ticks.items()}

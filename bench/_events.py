@@ -53,14 +53,15 @@ class MachineLoad(threading.Thread):
 @dataclass
 class AssetEvents:
     materializations: int = 0
-    checks: dict[str, list[bool]] = field(default_factory=lambda: defaultdict(list))  # check -> outcomes in order
+    # check -> (seconds into the window, passed), in order
+    checks: dict[str, list[tuple[float, bool]]] = field(default_factory=lambda: defaultdict(list))
 
     @property
     def evaluations(self) -> int:
         return sum(len(v) for v in self.checks.values())
 
     def flipped(self) -> bool:
-        return any(len(set(v)) > 1 for v in self.checks.values())
+        return any(len({passed for _, passed in v}) > 1 for v in self.checks.values())
 
 
 def _records(instance: DagsterInstance, kind: DagsterEventType, after: float, before: float) -> list[Any]:
@@ -79,7 +80,7 @@ def count_events(instance: DagsterInstance, after: float, before: float) -> dict
         out[r.asset_key.to_user_string()].materializations += 1
     for r in _records(instance, DagsterEventType.ASSET_CHECK_EVALUATION, after, before):
         data = r.event_log_entry.dagster_event.asset_check_evaluation_data
-        out[data.asset_key.to_user_string()].checks[data.check_name].append(bool(data.passed))
+        out[data.asset_key.to_user_string()].checks[data.check_name].append((r.timestamp - after, bool(data.passed)))
     return dict(sorted(out.items()))
 
 
@@ -87,7 +88,7 @@ def event_lines(events: dict[str, AssetEvents], window: float) -> list[tuple[str
     rows = []
     for key, ev in events.items():
         per_hour = 3600 / window
-        checks = ", ".join(f"{name} {''.join('+' if p else '-' for p in outcomes)}"
+        checks = "; ".join(f"{name} " + " ".join(f"{'+' if p else '-'}@{t:.0f}s" for t, p in outcomes)
                            for name, outcomes in sorted(ev.checks.items())) or "-"
         rows.append((key, str(ev.materializations), f"{ev.evaluations} ({checks})",
                      f"{ev.materializations * per_hour:.0f} + {ev.evaluations * per_hour:.0f}"
