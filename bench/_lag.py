@@ -21,9 +21,9 @@ CREATE TRIGGER bench_lag AFTER INSERT OR UPDATE ON mirror.orders FOR EACH ROW EX
 """
 
 
-def sink_position(state: psycopg.Connection) -> tuple[tuple[int, int], int]:
+def sink_position(state: psycopg.Connection, sink: str = "mirror") -> tuple[tuple[int, int], int]:
     row = state.execute("SELECT commit_lsn, commit_idx, delivered FROM cdc_pipeline.sink_offsets "
-                        "WHERE sink = 'mirror'").fetchone()
+                        "WHERE sink = %s", (sink,)).fetchone()
     return ((int(row[0]), int(row[1])), int(row[2])) if row else ((0, -1), 0)
 
 
@@ -61,6 +61,8 @@ class OfferedLoad(threading.Thread):
         self.next_id, self.ver, self.existing = first_id, ver, first_id - 1
         self.changes = 0
         self.behind = 0.0
+        self.started_at = self.ended_at = 0.0  # wall clock (time.time()), comparable with Dagster's events
+        self.halt = threading.Event()  # ends the load early
         self.error: BaseException | None = None
         self.start()
 
@@ -72,8 +74,9 @@ class OfferedLoad(threading.Thread):
             rng = random.Random(7)
             with psycopg.connect(self.dsn, autocommit=True) as conn:
                 started = time.monotonic()
+                self.started_at = time.time()
                 n = 0
-                while time.monotonic() - started < self.seconds:
+                while time.monotonic() - started < self.seconds and not self.halt.is_set():
                     due = started + n * interval
                     delay = due - time.monotonic()
                     if delay > 0:
@@ -91,8 +94,14 @@ class OfferedLoad(threading.Thread):
                                      "updated_at = now() WHERE id = ANY(%s)", (self.ver, upd))
                     self.changes += per_txn
                     n += 1
+                self.ended_at = time.time()
         except BaseException as exc:
             self.error = exc
+
+    @property
+    def achieved(self) -> float:
+        """Changes committed per second of the load's own wall time (what the source really took)."""
+        return self.changes / max(1e-9, self.ended_at - self.started_at)
 
 
 

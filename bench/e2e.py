@@ -4,6 +4,7 @@
     .venv/bin/python bench/e2e.py [--backlog 500000] [--rate 2000] [--seconds 60] [--wait-quiet S]
                                   [--no-durable] [--keep]
                                   [--drain-batch-ms MS] [--idle-seconds S] [--batch-size N] [--dagster] [--run-minutes M]
+                                  [--second-sink] [--block]
 
 1. Sustained throughput: with delivery warm and the drain stopped, a backlog of inserts and updates
    (1,000-row transactions) is committed; then the drain starts. Reported: changes/s from the drain's
@@ -15,7 +16,11 @@
 
 With --dagster: instead of the CLI processes, `dagster dev` on the project's workspace (default config,
 sensors on, Postgres storage in the same cluster) drains and delivers through its long-lived runs; the
-lag phase (2.) is measured the same way, with the runs launched and the slowest sensor evaluation.
+lag phase (2.) is measured the same way, with the runs launched, the slowest sensor evaluation, and the
+materializations and check evaluations each asset recorded over the load's window (per hour). With
+--second-sink a second mirror sink (`mirror2`, its own schema) streams beside the first; with --block the
+first sink's table is then locked while the load goes on, and the time until `lag_below_max` is
+recorded failed is reported against `delivery.max_lag_seconds` + 30 s.
 """
 
 from __future__ import annotations
@@ -74,7 +79,10 @@ def main() -> None:
                          "show the handover between long-lived runs under load")
     ap.add_argument("--dagster", action="store_true",
                     help="drain and deliver through `dagster dev` (its sensors and long-lived runs) instead of "
-                         "the CLI processes; measures the lag phase and the runs launched")
+                         "the CLI processes; measures the lag phase, the runs launched and the event log")
+    ap.add_argument("--second-sink", action="store_true", help="with --dagster: a second mirror sink beside the first")
+    ap.add_argument("--block", action="store_true",
+                    help="with --dagster: after the lag phase, block the sink and time lag_below_max turning red")
     args = ap.parse_args()
 
     durable = not args.no_durable
@@ -107,6 +115,10 @@ def main() -> None:
             "sinks": [{"name": "mirror", "tables": ["public.orders"],
                        "destination": {"type": "postgres", "dsn": dst, "table": "mirror.{table}", "mode": "mirror"}}],
         }
+        if args.second_sink:
+            data["sinks"].append({"name": "mirror2", "tables": ["public.orders"],
+                                  "destination": {"type": "postgres", "dsn": dst, "table": "mirror2.{table}",
+                                                  "mode": "mirror"}})
         cfg = write_config(work / "cdc.yaml", data)
         from cdc_pipeline.config import load_config
 
@@ -118,7 +130,9 @@ def main() -> None:
         if args.dagster:
             from bench._dagster import run_through_dagster
 
-            run_through_dagster(cluster, cfg, config.state_dsn, args.rate, args.seconds, args.wait_quiet, work)
+            run_through_dagster(cluster, cfg, config.state_dsn, args.rate, args.seconds, args.wait_quiet, work,
+                                [s.name for s in config.sinks],
+                                config.delivery.max_lag_seconds if args.block else None)
             return
 
         # Warm up: delivery's JVM started, mirror table created by the sink.
