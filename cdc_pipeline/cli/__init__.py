@@ -71,7 +71,7 @@ def cli(ctx: click.Context, config: str | None, verbose: bool) -> None:
 
 def commands() -> dict[str, click.Command]:
     """Every verb's command, imported (for the generated reference)."""
-    ctx = click.Context(cli)
+    ctx = click.Context(cli, **cli.context_settings)
     return {name: command for name in VERBS if (command := cli.get_command(ctx, name)) is not None}
 
 

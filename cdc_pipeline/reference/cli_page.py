@@ -70,7 +70,7 @@ def _verb(name: str, command: click.Command, root: click.Context) -> str:
 
 
 def render() -> str:
-    root = click.Context(cli, info_name="cdc-pipeline")
+    root = click.Context(cli, info_name="cdc-pipeline", **cli.context_settings)  # click caches the help option
     verbs = commands()
     parts = [INTRO, "## Global options\n\n", f"{_text(cli.help)}\n\n", _options(cli, root), "\n",
              _examples(cli.epilog), "## Verbs\n\n",
