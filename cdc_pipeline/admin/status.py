@@ -69,7 +69,10 @@ def collect(config: PipelineConfig) -> dict[str, Any]:
                     "behind_messages": store.count_after(conn, sink.tables, r["position"], sink=sink.name),
                     "waiting_for_destination": r["waiting_reason"]} for r in offset["lanes"]]
             out["sinks"][sink.name].update(sink_class(sink).status(sink, conn, schema))
-            stopped = backlog_problem(config, sink, store.oldest_age(conn, sink.tables, pos, sink=sink.name))
+            age = store.oldest_age(conn, sink.tables, pos, sink=sink.name)
+            # How old the oldest change not delivered yet is (0: caught up): what `lag_below_max` checks.
+            out["sinks"][sink.name]["lag_seconds"] = round(age, 3) if age is not None else 0.0
+            stopped = backlog_problem(config, sink, age)
             if stopped:
                 out["sinks"][sink.name]["error"] = stopped
         out["backfills"], out["backfills_text"] = _backfills(config, conn, slot)

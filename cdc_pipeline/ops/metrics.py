@@ -111,6 +111,8 @@ def _state_gauges(status: dict[str, Any]) -> Iterator[Metric]:
     if status.get("log"):
         yield GaugeMetricFamily("cdc_log_messages", "Messages in the change log", value=status["log"]["messages"])
     lag = GaugeMetricFamily("cdc_sink_lag_messages", "Messages in the log after the sink's offset", labels=["sink"])
+    lag_seconds = GaugeMetricFamily("cdc_sink_lag_seconds", "Age of the oldest change the sink has not had yet "
+                                    "(0 when caught up)", labels=["sink"])
     parked = GaugeMetricFamily("cdc_sink_parked_messages", "Messages parked now", labels=["sink"])
     discarded = GaugeMetricFamily("cdc_sink_discarded_messages", "Messages discarded", labels=["sink"])
     oldest = GaugeMetricFamily("cdc_sink_oldest_parked_seconds", "Age of the oldest parked message",
@@ -120,10 +122,11 @@ def _state_gauges(status: dict[str, Any]) -> Iterator[Metric]:
     pull = GaugeMetricFamily("cdc_pull_queue_messages", "Pull queue depth by state", labels=["sink", "state"])
     for name, sink in (status.get("sinks") or {}).items():
         lag.add_metric([name], sink["lag_messages"])
+        lag_seconds.add_metric([name], sink.get("lag_seconds") or 0.0)
         parked.add_metric([name], sink.get("parked", 0))
         discarded.add_metric([name], sink.get("discarded", 0))
         oldest.add_metric([name], sink.get("oldest_parked_seconds") or 0)
         waiting.add_metric([name], int(bool(sink.get("waiting_for_destination"))))
         for state, n in (sink.get("pull_queue") or {}).items():
             pull.add_metric([name, state], n)
-    yield from (lag, parked, discarded, oldest, waiting, pull)
+    yield from (lag, lag_seconds, parked, discarded, oldest, waiting, pull)

@@ -20,6 +20,8 @@ from cdc_pipeline.config import PipelineConfig
 from cdc_pipeline.demo.dagster_dev import free_port
 from cdc_pipeline_tests.conftest import Database
 from cdc_pipeline_tests.helpers import mirror_config, wait_until
+from cdc_pipeline_tests.integration.test_delivery_outage import _config as _webhook_config
+from cdc_pipeline_tests.integration.test_sink_webhook import Receiver
 from cdc_pipeline_tests.netfaults import TcpProxy
 from cdc_pipeline_tests.processes import CLI, spawn, stop
 
@@ -86,6 +88,8 @@ def test_metrics_agree_with_status_and_readyz_follows_an_outage(
         wait_until(lambda: _get(deliver_port, "/readyz")[0] == 503, 120, "/readyz not ready during the outage")
         code, body = _get(deliver_port, "/readyz")
         assert "sink mirror waiting" in body, body
+        lag_seconds = ("cdc_sink_lag_seconds", (("sink", "mirror"),))
+        wait_until(lambda: _scrape(deliver_port)[lag_seconds] > 0.5, 60, "the sink's lag in seconds grows")
         assert _get(deliver_port, "/healthz")[0] == 200  # alive, only not ready
         assert _scrape(deliver_port)[("cdc_sink_outage_retries_total", (("sink", "mirror"),))] >= 1
         proxy.start()
@@ -102,6 +106,7 @@ def test_metrics_agree_with_status_and_readyz_follows_an_outage(
         wait_until(lambda: _scrape(deliver_port)[("cdc_sink_lag_messages", (("sink", "mirror"),))] == 0, 30,
                    "lag 0 as status says")
         assert status["sinks"]["mirror"]["lag_messages"] == 0
+        assert status["sinks"]["mirror"]["lag_seconds"] == 0.0 == _scrape(deliver_port)[lag_seconds]
         assert abs(drain_metrics[("cdc_slot_lag_bytes", ())] - status["slot"]["lag_bytes"]) < 1024 * 1024
         assert metrics[("cdc_sink_batch_duration_seconds_count", (("sink", "mirror"),))] >= 1
         assert stop(deliverer, 15, 60)[0] == 0 and stop(drainer, 15, 60)[0] == 0
@@ -112,3 +117,29 @@ def test_metrics_agree_with_status_and_readyz_follows_an_outage(
             if proc.poll() is None:
                 proc.kill()
                 print(proc.communicate()[1][-3000:])
+
+
+def test_webhook_request_metrics_count_every_request_and_nothing_stays_in_flight(
+        source_db: Database, write_config: Callable[..., PipelineConfig]) -> None:
+    receiver = Receiver()
+    config = _webhook_config(source_db, write_config, receiver.url, destination={"batch_size": 5})
+    source_db.execute("INSERT INTO t SELECT g, 0 FROM generate_series(1, 200) g")
+    port = free_port()
+    drainer = spawn(config.path, "drain")
+    deliverer = spawn(config.path, "deliver", "--metrics-port", str(port))
+    try:
+        delivered = ("cdc_sink_messages_delivered_total", (("sink", "hook"),))
+        wait_until(lambda: _get(port, "/readyz")[0] == 200 and _scrape(port).get(delivered) == 200, 120,
+                   "200 messages delivered")
+        metrics = _scrape(port)
+        requests = len(receiver.requests)
+        assert requests == 40  # 200 messages in requests of 5
+        assert metrics[("cdc_sink_request_duration_seconds_count", (("sink", "hook"),))] == requests
+        assert metrics[("cdc_sink_request_duration_seconds_sum", (("sink", "hook"),))] > 0
+        assert metrics[("cdc_sink_requests_in_flight", (("sink", "hook"),))] == 0
+        assert stop(deliverer, 15, 60)[0] == 0 and stop(drainer, 15, 60)[0] == 0
+    finally:
+        receiver.stop()
+        for proc in (drainer, deliverer):
+            if proc.poll() is None:
+                proc.kill()

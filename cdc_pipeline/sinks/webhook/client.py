@@ -33,8 +33,10 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import time
 from collections.abc import Mapping, Sequence
 
+from cdc_pipeline.core.metrics_registry import REQUEST_SECONDS, REQUESTS_IN_FLIGHT
 from cdc_pipeline.sinks.base import (
     NOT_SENT,
     EventLoopThread,
@@ -95,6 +97,8 @@ class WebhookSink(Sink):
         self._masked: list[str] = []  # values that must never appear in an error
         self._runner: EventLoopThread | None = None
         self._pool: HttpPool | None = None
+        self._in_flight = REQUESTS_IN_FLIGHT.labels(self.name)
+        self._request_seconds = REQUEST_SECONDS.labels(self.name)
 
     # -- lifecycle --------------------------------------------------------------------------------
     def open(self) -> None:
@@ -191,6 +195,8 @@ class WebhookSink(Sink):
             headers[self.signature_header] = hmac.new(self._secret, body, hashlib.sha256).hexdigest()
             headers.update(timestamped_signature(self._secret, body, self.signature_header))
         where = self._where
+        self._in_flight.inc()
+        began = time.monotonic()
         try:
             status, text = await self._pool.post(headers, body, self.timeout_ms / 1000, MAX_ERROR_BODY)
         except DeadlineExceeded as exc:
@@ -201,6 +207,9 @@ class WebhookSink(Sink):
             raise _EndpointDown(f"webhook {where} unreachable: {self._mask(str(exc))}") from exc
         except TransportFailed as exc:
             raise _ChunkFailed(f"transport error: {self._mask(str(exc))}", bisect=False) from exc
+        finally:
+            self._in_flight.dec()
+            self._request_seconds.observe(time.monotonic() - began)
         if 200 <= status < 300:
             return
         reason = f"HTTP {status}: {self._mask(text.decode('utf-8', 'replace')[:200])}"
