@@ -127,6 +127,7 @@ class HttpPool:
                 return self._h2
             if self._offer_h2 is None:
                 return None
+            self._retiring = {c for c in self._retiring if not c.finished}
             if self._h2 is not None:  # ending: it closes itself after its last answer
                 self._retiring.add(self._h2)
                 self._h2 = None

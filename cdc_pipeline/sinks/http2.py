@@ -75,6 +75,11 @@ class Http2Connection:
     def usable(self) -> bool:
         return self._closed is None
 
+    @property
+    def finished(self) -> bool:
+        """Closed, with nothing left to read: the pool may forget it."""
+        return self._reading.done()
+
     async def post(self, headers: dict[str, str], body: bytes, deadline_s: float,
                    max_body: int) -> tuple[int, bytes]:
         """(status, at most `max_body` bytes of the body) within `deadline_s` for the whole exchange."""

@@ -297,9 +297,12 @@ def test_requests_the_endpoint_did_not_process_go_again_on_a_new_connection(trus
         sink.open()
         try:
             assert deliver_in_order(sink, batch) == [None] * 6
+            more = messages(24, groups=24, start=6)  # a connection per request: the ended ones are forgotten
+            assert deliver_in_order(sink, more) == [None] * 24
+            assert sink._pool is not None and len(sink._pool._retiring) <= 6
         finally:
             sink.close()
-        assert sorted(server.processed) == sorted(keys(batch)), "each request processed exactly once"
+        assert sorted(server.processed) == sorted(keys(batch + more)), "each request processed exactly once"
         assert server.connections >= 2
     finally:
         server.stop()
