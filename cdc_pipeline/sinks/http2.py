@@ -45,6 +45,17 @@ def _code(value: int) -> str:
         return f"error {value}"
 
 
+# HTTP/1.1's connection-level headers have no place in HTTP/2 (RFC 9113, 8.2.2); Host is `:authority`.
+_NOT_IN_H2 = frozenset({"connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade", "host",
+                        "te", "content-length"})
+
+
+def _fields(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
+    """Request headers as HTTP/2 wants them: lower-case names, no connection-level ones."""
+    return [(k.lower().encode("latin-1"), v.strip().encode("latin-1")) for k, v in headers.items()
+            if k.lower() not in _NOT_IN_H2]
+
+
 class _Stream:
     __slots__ = ("answer", "status", "data", "max_body")
 
@@ -94,8 +105,7 @@ class Http2Connection:
                 stream_id = self._h2.get_next_available_stream_id()
                 answer: asyncio.Future[tuple[int, bytes]] = loop.create_future()
                 self._streams[stream_id] = _Stream(answer, max_body)
-                fields = [*self._base, (b"content-length", str(len(body)).encode()),
-                          *((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items())]
+                fields = [*self._base, (b"content-length", str(len(body)).encode()), *_fields(headers)]
                 self._h2.send_headers(stream_id, fields, end_stream=not body)
                 self._flush()
                 await self._send_body(stream_id, body)

@@ -88,7 +88,7 @@ class H2Receiver:
         finally:
             self.in_flight -= 1
         self.requests.append({"version": scope["http_version"], "client": scope["client"][1], "keys": got,
-                              "status": status})
+                              "status": status, "headers": {k.decode(): v.decode() for k, v in scope["headers"]}})
         await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"text/plain")]})
         await send({"type": "http.response.body", "body": b"ok" if status < 300 else b"refused"})
 
@@ -141,6 +141,26 @@ def test_the_window_goes_as_concurrent_streams_on_one_connection_in_group_order(
         assert sorted(server.acked_keys()) == sorted(keys(batch))
         assert 10 < server.peak <= 50, f"{server.peak} streams in flight at once"
         acked_in_order(server, batch)  # type: ignore[arg-type]
+    finally:
+        server.stop()
+
+
+def test_configured_headers_and_signatures_arrive_and_http1_only_ones_are_left_out(
+        trusted: tuple[str, str]) -> None:
+    server = _receiver(trusted, ["h2", "http/1.1"])
+    try:
+        sink = webhook(server.url, environ={"HOOK_SECRET": "s3cret"}, batch_size=5, hmac_secret_env="HOOK_SECRET",
+                       headers={"X-Tenant": "acme", "Connection": "keep-alive", "Host": "elsewhere.example"})
+        sink.open()
+        try:
+            assert deliver_in_order(sink, messages(10, groups=2)) == [None] * 10
+        finally:
+            sink.close()
+        assert {r["version"] for r in server.requests} == {"2"}
+        for r in server.requests:
+            assert r["headers"]["x-tenant"] == "acme"
+            assert len(r["headers"]["x-cdc-signature"]) == 64 and r["headers"]["idempotency-key"]
+            assert "connection" not in r["headers"]
     finally:
         server.stop()
 
