@@ -24,7 +24,7 @@ from cdc_pipeline.config.base import (
 from cdc_pipeline.config.errors import ConfigError, Loc, fail
 from cdc_pipeline.config.sinks import SinkConfig
 from cdc_pipeline.config.tables import TableConfig
-from cdc_pipeline.ops.run_ports import run_ports_problem
+from cdc_pipeline.core.run_ports import run_ports_problem
 
 _DEPRECATED = "Deprecated: accepted and validated, has no effect (loading warns)."
 

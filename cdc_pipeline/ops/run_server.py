@@ -1,4 +1,4 @@
-"""The metrics port of a long-lived Dagster run (`metrics.run_ports_from`, map in ops/run_ports.py): the same
+"""The metrics port of a long-lived Dagster run (`metrics.run_ports_from`, map in core/run_ports.py): the same
 OpsServer and collector as the CLI verb doing the same work, bound once the port is free.
 
 Why not bind at once: the sensor may start a job's next run while the previous one is still stopping (a

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from cdc_pipeline.config import ConfigError, parse_config
-from cdc_pipeline.ops.run_ports import DRAIN, run_port, run_port_map, run_ports_problem
+from cdc_pipeline.core.run_ports import DRAIN, run_port_map, run_ports_problem
+from cdc_pipeline.ops.run_ports import run_port
 
 SINKS = """\
 source: {dsn: "postgresql://localhost/shop"}
