@@ -59,6 +59,9 @@ __all__ = ["Deliverer", "DeliveryStats", "SinkBusy", "send_lock"]
 log = logging.getLogger(__name__)
 
 TURN_WAIT_SECONDS = 1.0  # a send waiting for a replay looks at its stop event this often
+# A session's first micro-batch is at most this many messages: sending starts as soon as they are staged,
+# and the next (full) batch is loaded and staged meanwhile, instead of after a whole batch's load.
+FIRST_BATCH = 1000
 
 
 @dataclass(frozen=True)
@@ -207,6 +210,7 @@ class Deliverer:
         with session.connect(self.config.state_dsn) as loader, ThreadPoolExecutor(1) as pool:
             ahead: Future[Staged] | None = None
             idle = False
+            first = True  # the session's first batch: a short one (FIRST_BATCH)
             backlog_due = time.monotonic() + backlog.CHECK_SECONDS
             while not self._stop.is_set():
                 if seconds is not None and time.monotonic() - started >= seconds:
@@ -231,8 +235,8 @@ class Deliverer:
                     if not turn:
                         break
                 prefetched = ahead is not None
-                staged = ahead.result() if ahead is not None else self._load_and_stage(loader, offset)
-                ahead = None
+                staged = ahead.result() if ahead is not None else self._load_and_stage(loader, offset, first=first)
+                ahead, first = None, False
                 if staged.batch.num_rows == 0 and staged.run is None:
                     if prefetched:  # looked for while the last batch was sent: look again before waiting
                         continue
@@ -293,18 +297,21 @@ class Deliverer:
             raise
         release()
 
-    def _load_and_stage(self, conn: psycopg.Connection, offset: Position, limit: int | None = None) -> Staged:
+    def _load_and_stage(self, conn: psycopg.Connection, offset: Position, limit: int | None = None,
+                        first: bool = False) -> Staged:
         """The next micro-batch after ``offset``: for a sink that takes typed rows, the run at the head of its
-        log (a typed run is only described here, and relayed when sent); else up to ``limit`` messages."""
+        log (a typed run is only described here, and relayed when sent); else up to ``limit`` messages (the
+        batch size, or FIRST_BATCH for a session's ``first``)."""
+        size = limit or (min(self.batch_size, FIRST_BATCH) if first else self.batch_size)
         if limit is None and self.typed_rows and not self.lane.filters:  # a relayed run is not split in lanes
-            run = self.store.head_run(conn, self.sink_config.tables, offset, self.batch_size, self.sink_config.name)
+            run = self.store.head_run(conn, self.sink_config.tables, offset, size, self.sink_config.name)
             conn.commit()
             if run is None:
                 return Staged(LOG_ARROW_SCHEMA.empty_table(), offset, empty_output(), [])
             if run.typed:
                 return Staged(LOG_ARROW_SCHEMA.empty_table(), run.last, empty_output(), [], run=run, after=offset)
-            limit = run.count
-        batch = self.store.load_batch(conn, self.sink_config.tables, offset, limit or self.batch_size,
+            size = run.count
+        batch = self.store.load_batch(conn, self.sink_config.tables, offset, size,
                                       sink=self.sink_config.name, max_bytes=self.config.delivery.batch_bytes,
                                       typed=self.typed_rows)
         schemas = self.stager.schemas(conn) if batch.num_rows else {}
