@@ -37,6 +37,11 @@ with DagsterInstance.ephemeral() as instance:
         pass
     [run] = instance.get_runs()
     logs = [e.user_message for e in instance.all_logs(run.run_id)]
+# Interrupted while suspended at a yield, the op's generator is left to the garbage collector (its frames
+# and the interrupt's traceback form cycles): its `finally`, which stops the metrics server, runs when the
+# cycle is collected (a real run worker's process ends here anyway). Collect, then look at what is left.
+import gc
+gc.collect()
 with socket.socket() as s:
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
