@@ -151,12 +151,16 @@ def end_to_end(args: argparse.Namespace, base: str) -> list[tuple[str, ...]]:
         for chunk in args.chunks:
             for label, grouped in modes:
                 for lanes in args.lanes:
-                    dest: dict[str, Any] = {"type": "webhook", "url": f"{base}/hook", "batch_size": chunk}
+                    dest: dict[str, Any] = {"type": "webhook", "url": f"{base}/hook"}
                     if args.max_in_flight:
                         dest["max_in_flight"] = args.max_in_flight
-                    sinks.append({"name": f"hook_{label}_{chunk}" + (f"_lanes{lanes}" if lanes > 1 else ""),
-                                  "tables": ["public.items"], "message_grouping": grouped, "lanes": lanes,
-                                  "destination": dest})
+                    sink = {"name": f"hook_{label}_{chunk}" + (f"_lanes{lanes}" if lanes > 1 else ""),
+                            "tables": ["public.items"], "message_grouping": grouped, "lanes": lanes,
+                            "destination": dest}
+                    # The sink's own batch_size (Sequin's place for it: a call of that many messages, one
+                    # request each) or the webhook's (messages per request within a call).
+                    (sink if args.sink_batch else dest)["batch_size"] = chunk
+                    sinks.append(sink)
         cfg = write_config(work / "cdc.yaml", {
             "source": {"dsn": src, "slot": "bench", "publication": "bench"},
             "tables": [{"name": "public.items"}], "sinks": sinks})
@@ -167,7 +171,7 @@ def end_to_end(args: argparse.Namespace, base: str) -> list[tuple[str, ...]]:
         run_cli(cfg, "drain", "--until-idle")
         total = 3 * args.groups
         for sink in sinks:
-            chunk = sink["destination"]["batch_size"]
+            chunk = sink.get("batch_size") or sink["destination"]["batch_size"]
             busy = wait_quiet(args.wait_quiet) if args.wait_quiet else cpu_busy(1.0)
             _call(base, "POST", "/reset")
             t0 = time.monotonic()  # one process per lane, as lanes are run
@@ -238,6 +242,8 @@ def main() -> None:
     ap.add_argument("--chunks", default="1,10", help="webhook batch_size values, comma-separated")
     ap.add_argument("--max-in-flight", type=int, default=None, help="the sink's max_in_flight (default: its own)")
     ap.add_argument("--ungrouped", action="store_true", help="also message_grouping: false")
+    ap.add_argument("--sink-batch", action="store_true",
+                    help="set batch_size on the sink (calls of that many messages) instead of the webhook destination")
     ap.add_argument("--lanes", default="1", help="sink `lanes` values, comma-separated (one process per lane)")
     ap.add_argument("--sink-only", action="store_true", help="drive the sink directly (no cluster, no CLI)")
     ap.add_argument("--wait-quiet", type=float, default=0, metavar="S",

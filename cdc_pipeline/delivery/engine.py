@@ -1,13 +1,16 @@
 """Delivery of one sink: log -> Spark stage -> sink, with parking, retries and per-group order.
 
 The Deliverer is wired here from explicit parts, each given what it needs: a stager (staging.py), a parking
-lot (parking.py), a relay of typed runs (relay.py) and the offset keeper that settles every send (offset.py).
+lot (parking.py), a relay of typed runs (relay.py), the window of calls (call_window.py) and the offset
+keeper that settles every send (offset.py).
 
-Each micro-batch: load the log after the sink's offset, run the Spark stage, hold back messages whose
-group already has a parked message, hand the rest to the sink in the calls its ordering needs
-(dispatch.py, ordering.py), park what failed (and what is behind it in its group), then advance the
-sink's offset past the whole batch. So a poison message never stalls
-the other groups, and a group never delivers a message before an earlier one of its own.
+Each block: load the log after the last one, run the Spark stage, cut it into the sink's calls of at most
+its `batch_size` log rows (calls.py); each call holds back messages whose group has a parked or failed
+message, hands the rest to the sink in the calls its ordering needs (dispatch.py, ordering.py), parks what
+failed (and what is behind it in its group); settled in order, the offset advances past each call. Up to the
+sink's `calls_in_flight` calls are out at once, across blocks, a group's message never before the outcome of
+its earlier one. So a poison message never stalls the other groups, and a group never delivers a message
+before an earlier one of its own.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import logging
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager, suppress
@@ -30,12 +34,13 @@ from cdc_pipeline.config import PipelineConfig, SinkConfig
 from cdc_pipeline.core.backoff import next_delay_ms
 from cdc_pipeline.core.metrics_registry import BATCH_SECONDS
 from cdc_pipeline.delivery import backlog
+from cdc_pipeline.delivery.call_window import CallWindow, Outstanding
+from cdc_pipeline.delivery.calls import MIN_LOAD, Call, cut
 from cdc_pipeline.delivery.dispatch import deliver_in_order
 from cdc_pipeline.delivery.enrichment import Enricher
 from cdc_pipeline.delivery.lane_keeper import LaneKeeper, LockStillHeld, SinkBusy, send_lock
 from cdc_pipeline.delivery.lazy_spark import LazySpark
 from cdc_pipeline.delivery.offset import OffsetKeeper
-from cdc_pipeline.delivery.ordering import position_of, split_held
 from cdc_pipeline.delivery.outage import DestinationDown, Liveness, all_down, transient
 from cdc_pipeline.delivery.parking import RETRY_CHUNK, ParkingLot, messages_from
 from cdc_pipeline.delivery.plan import SinkPlan, empty_output
@@ -59,6 +64,10 @@ __all__ = ["Deliverer", "DeliveryStats", "SinkBusy", "send_lock"]
 log = logging.getLogger(__name__)
 
 TURN_WAIT_SECONDS = 1.0  # a send waiting for a replay looks at its stop event this often
+# A window of several calls is let drain this often, so parked retries, a replay's turn, a change of lanes
+# and the run's time limit get in between sends (a window of one call drains after every call).
+HOUSEKEEPING_SECONDS = 1.0
+SETTLE_SECONDS = 0.05  # a wider window settles the calls done at its head this often (one state commit)
 # A session's first micro-batch is at most this many messages: sending starts as soon as they are staged,
 # and the next (full) batch is loaded and staged meanwhile, instead of after a whole batch's load.
 FIRST_BATCH = 1000
@@ -89,7 +98,8 @@ class Deliverer:
         self.dry_run = dry_run
         self.dry_run_out = dry_run_out or sys.stdout
         self.sink = None if dry_run else (sink or build_sink(sink_config))
-        self.batch_size = sink_config.batch_size or config.delivery.batch_size
+        self.batch_size = sink_config.batch_size or config.delivery.batch_size  # log rows per call to the sink
+        self.load_size = max(self.batch_size, MIN_LOAD)  # log rows per read and stage (calls.py)
         # Typed reads go to the sink as typed rows only on the Arrow path of a sink that writes them as they
         # are; everything else loads them as JSON (backfill/typed.py).
         self.typed_rows = (self.sink is not None and sink_config.enrichment is None
@@ -205,106 +215,171 @@ class Deliverer:
 
     def _loop(self, conn: psycopg.Connection, offset: Position, stats: DeliveryStats, started: float,
               until_idle: bool, seconds: float | None) -> Position:
-        """Micro-batches until idle (or stopped). The next batch is loaded and staged on a second
-        connection while the sink writes the current one: the two mostly wait on different servers."""
+        """Micro-batches until idle (or stopped). The next block is loaded and staged on a second connection
+        while the sink gets the current one's calls (calls.py), up to the sink's `calls_in_flight` at once
+        across blocks (call_window.py); settled in order, the offset following the settled prefix."""
+        width = self.sink.calls_in_flight() if self.sink is not None else 1
+        window = CallWindow(self.send, width, 2 * self.load_size)
+        calls: deque[Call] = deque()  # cut from the loaded block, not handed to the window yet
+        turn = False  # the send lock is held while calls are outstanding (_turn)
+        ahead: Future[Staged] | None = None
         with session.connect(self.config.state_dsn) as loader, ThreadPoolExecutor(1) as pool:
-            ahead: Future[Staged] | None = None
+            loaded = offset  # the loader's position: the end of the last block read
             idle = False
-            first = True  # the session's first batch: a short one (FIRST_BATCH)
+            first = True  # the session's first block: a short one (FIRST_BATCH)
             backlog_due = time.monotonic() + backlog.CHECK_SECONDS
-            while not self._stop.is_set():
-                if seconds is not None and time.monotonic() - started >= seconds:
-                    break
-                if self.config.state.max_backlog_hours is not None and time.monotonic() >= backlog_due \
-                        and not self.dry_run:  # a long run can fall behind too, not only a starting one
-                    backlog_due = time.monotonic() + backlog.CHECK_SECONDS
-                    new_offset, resync = backlog.enforce(self.config, self.sink_config, self.store, conn, offset)
-                    conn.commit()
-                    if resync:
-                        if ahead is not None:
-                            ahead.result()  # staged from the old offset: dropped
-                            ahead = None
-                        offset = new_offset
-                        self._resyncs += backlog.start_resync(self.config, self.sink_config, list(self.sink_config.tables))
-                if not self.dry_run:
-                    if self.lane.superseded(conn):  # another process changes the sink's lanes
-                        break
-                    with self._turn(conn) as turn:
+            settle_due = 0.0  # a wider window settles what is done this often
+            try:
+                while not self._stop.is_set():
+                    if not len(window):  # between sends: what may not happen while calls are out
                         if turn:
-                            self.parking.retry_due(conn, stats)
-                    if not turn:
-                        break
-                prefetched = ahead is not None
-                staged = ahead.result() if ahead is not None else self._load_and_stage(loader, offset, first=first)
-                ahead, first = None, False
-                if staged.batch.num_rows == 0 and staged.run is None:
-                    if prefetched:  # looked for while the last batch was sent: look again before waiting
+                            self._give_turn(conn)
+                            turn = False
+                        if seconds is not None and time.monotonic() - started >= seconds:
+                            break
+                        if self.config.state.max_backlog_hours is not None and time.monotonic() >= backlog_due \
+                                and not self.dry_run:  # a long run can fall behind too, not only a starting one
+                            backlog_due = time.monotonic() + backlog.CHECK_SECONDS
+                            new_offset, resync = backlog.enforce(self.config, self.sink_config, self.store, conn,
+                                                                 offset)
+                            conn.commit()
+                            if resync:
+                                if ahead is not None:
+                                    ahead.result()  # staged from the old offset: dropped
+                                    ahead = None
+                                calls.clear()
+                                offset = loaded = new_offset
+                                self._resyncs += backlog.start_resync(self.config, self.sink_config,
+                                                                      list(self.sink_config.tables))
+                        if not self.dry_run:
+                            if self.lane.superseded(conn):  # another process changes the sink's lanes
+                                break
+                            with self._turn(conn) as got:
+                                if got:
+                                    self.parking.retry_due(conn, stats)
+                            if not got:
+                                break
+                            window.reset(self.store.parked_groups(conn, self.sink_config.name, self.lane.lane)
+                                         if self.sink_config.message_grouping else set())
+                            conn.commit()
+                    if not calls:
+                        prefetched = ahead is not None
+                        staged = ahead.result() if ahead is not None else self._load_and_stage(loader, loaded,
+                                                                                                first=first)
+                        ahead, first = None, False
+                        if staged.batch.num_rows == 0 and staged.run is None:
+                            if len(window):  # settle what is out before looking again
+                                offset = self._settle(conn, stats, window.settled(block=True), offset)
+                                continue
+                            if prefetched:  # looked for while the last block was sent: look again before waiting
+                                continue
+                            if until_idle and not any(t.is_alive() for t in self._resyncs):
+                                break
+                            if not idle:  # once per idle spell: what a long-running delivery is waiting for
+                                log.info("sink %s: caught up at %s:%s, waiting for new changes in the log%s",
+                                         self.lane.name, *offset,
+                                         " and its resync backfill" if any(t.is_alive() for t in self._resyncs)
+                                         else "")
+                            idle = True
+                            self._stop.wait(self.config.delivery.idle_seconds)
+                            continue
+                        idle = False
+                        if staged.run is not None:  # relayed from the loader's connection: nothing loads meanwhile
+                            while len(window):
+                                offset = self._settle(conn, stats, window.settled(block=True), offset)
+                            if turn:
+                                self._give_turn(conn)
+                                turn = False
+                            with self._turn(conn) as got:
+                                if got:
+                                    offset, fallback = self._relay(conn, loader, staged, stats)
+                            if not got:
+                                break
+                            loaded = staged.last
+                            if fallback is None:
+                                continue
+                            staged = fallback
+                        else:
+                            loaded = staged.last
+                            ahead = pool.submit(self._load_and_stage, loader, loaded)
+                        calls.extend(self._calls(staged))
+                        if self.dry_run:
+                            offset = self._dry_run(calls, stats) or offset
+                            continue
+                    if not window.room(calls[0]):
+                        offset = self._settle(conn, stats, window.make_room(calls[0]), offset)
                         continue
-                    if until_idle and not any(t.is_alive() for t in self._resyncs):
-                        break
-                    if not idle:  # once per idle spell: what a long-running delivery is waiting for
-                        log.info("sink %s: caught up at %s:%s, waiting for new changes in the log%s",
-                                 self.lane.name, *offset,
-                                 " and its resync backfill" if any(t.is_alive() for t in self._resyncs) else "")
-                    idle = True
-                    self._stop.wait(self.config.delivery.idle_seconds)
-                    continue
-                idle = False
-                if staged.run is not None:  # relayed from the loader's connection: nothing loads meanwhile
-                    with self._turn(conn) as turn:
-                        if turn:
-                            offset = self._send(conn, staged, stats, source=loader)
                     if not turn:
-                        break
-                    continue
-                ahead = pool.submit(self._load_and_stage, loader, staged.last)
-                with self._turn(conn) as turn:
-                    if turn:
-                        offset = self._send(conn, staged, stats)
-                if not turn:
-                    break
-            if ahead is not None:
-                ahead.result()  # let the loader finish before its connection closes
+                        if not self._take_turn(conn):
+                            break
+                        turn = True
+                    window.submit(calls.popleft())
+                    if width == 1 or time.monotonic() >= settle_due:  # a state commit per call would be the limit
+                        offset = self._settle(conn, stats, window.settled(block=False), offset)
+                        settle_due = time.monotonic() + SETTLE_SECONDS
+                    if len(window) and time.monotonic() - window.opened >= HOUSEKEEPING_SECONDS:
+                        while len(window):  # let retries, a replay's turn and a change of lanes in
+                            offset = self._settle(conn, stats, window.settled(block=True), offset)
+                while len(window):
+                    offset = self._settle(conn, stats, window.settled(block=True), offset)
+            except BaseException:
+                window.abandon()  # nothing goes out behind an error, and nothing is settled past it
+                raise
+            finally:
+                window.close()
+                if ahead is not None:
+                    with suppress(Exception):
+                        ahead.result()  # let the loader finish before its connection closes
+                if turn:
+                    with suppress(psycopg.Error):  # an error on the way here is the one to report
+                        self._give_turn(conn)
         return offset
 
-    @contextmanager
-    def _turn(self, conn: psycopg.Connection) -> Iterator[bool]:
-        """The sink's send lock around one send: a replay holds it for its whole run (delivery/replay.py), so
-        its old versions never land between live ones. False: stopped while a replay held it."""
+    def _take_turn(self, conn: psycopg.Connection) -> bool:
+        """The sink's send lock: a replay holds it for its whole run (delivery/replay.py), so its old versions
+        never land between live ones. False: stopped while a replay held it."""
         if self.dry_run:
-            yield True
-            return
-        name = self.lane.send_lock
+            return True
         waited = False
-        while not session.wait_lock(conn, name, TURN_WAIT_SECONDS):
+        while not session.wait_lock(conn, self.lane.send_lock, TURN_WAIT_SECONDS):
             if self._stop.is_set():
-                yield False
-                return
+                return False
             if not waited:
                 log.info("sink %s: waiting for a replay of this sink to finish", self.lane.name)
                 waited = True
-        def release() -> None:
-            if conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
-                conn.rollback()
-            session.unlock(conn, name)
-            conn.commit()
+        return True
 
+    def _give_turn(self, conn: psycopg.Connection) -> None:
+        if self.dry_run:
+            return
+        if conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
+            conn.rollback()
+        session.unlock(conn, self.lane.send_lock)
+        conn.commit()
+
+    @contextmanager
+    def _turn(self, conn: psycopg.Connection) -> Iterator[bool]:
+        """The send lock around one send (_take_turn). False: stopped while a replay held it."""
+        if not self._take_turn(conn):
+            yield False
+            return
         try:
             yield True
         except BaseException:
             with suppress(psycopg.Error):  # the send's own error is the one to report
-                release()
+                self._give_turn(conn)
             raise
-        release()
+        self._give_turn(conn)
 
     def _load_and_stage(self, conn: psycopg.Connection, offset: Position, limit: int | None = None,
                         first: bool = False) -> Staged:
-        """The next micro-batch after ``offset``: for a sink that takes typed rows, the run at the head of its
-        log (a typed run is only described here, and relayed when sent); else up to ``limit`` messages (the
-        batch size, or FIRST_BATCH for a session's ``first``)."""
-        size = limit or (min(self.batch_size, FIRST_BATCH) if first else self.batch_size)
+        """The next block after ``offset``: for a sink that takes typed rows, the run at the head of its log
+        (a typed run is only described here, and relayed when sent; at most the sink's batch size); else up to
+        ``limit`` messages (the load size, or FIRST_BATCH for a session's ``first``)."""
+        size = limit or (min(self.load_size, FIRST_BATCH) if first else self.load_size)
         if limit is None and self.typed_rows and not self.lane.filters:  # a relayed run is not split in lanes
-            run = self.store.head_run(conn, self.sink_config.tables, offset, size, self.sink_config.name)
+            run = self.store.head_run(conn, self.sink_config.tables, offset, min(size, self.batch_size),
+                                      self.sink_config.name)
             conn.commit()
             if run is None:
                 return Staged(LOG_ARROW_SCHEMA.empty_table(), offset, empty_output(), [])
@@ -323,52 +398,92 @@ class Deliverer:
         out, stage_failed = self.stager.stage(batch, schemas)
         return Staged(batch, last, out, stage_failed, shapes)
 
-    def _send(self, conn: psycopg.Connection, staged: Staged, stats: DeliveryStats,
-              source: psycopg.Connection | None = None) -> Position:
-        """Deliver one micro-batch and advance the offset (``conn``); a typed run is read from ``source``."""
-        if staged.run is not None:
-            # The relay's COPY holds its connection until the sink has applied it.
-            assert source is not None and self.relay is not None
-            if self.relay.relay(conn, source, staged.run, staged.after or (0, -1), stats):
-                return staged.last
-            # Rejected, or a parked group: the run message by message, which finds the read at fault or
-            # holds the group's reads behind the parked one (ordering.py).
-            staged = self._load_and_stage(conn, staged.after or (0, -1), limit=staged.run.count)
-            if staged.batch.num_rows == 0:  # retention trimmed it meanwhile
-                return staged.last
-        batch, last, out, stage_failed = staged.batch, staged.last, staged.out, staged.failed
-        last_ts = batch.column("commit_ts")[-1].as_py()
-        stats.batches += 1
-        stats.read += batch.num_rows
-        messages = messages_from(out, staged.shapes)
-        filtered = batch.num_rows - len(messages) - len(stage_failed)
+    def _relay(self, conn: psycopg.Connection, source: psycopg.Connection, staged: Staged,
+               stats: DeliveryStats) -> tuple[Position, Staged | None]:
+        """Relay a typed run read from ``source`` (its COPY holds that connection until the sink has applied
+        it): (the offset, None) when done; else the run loaded message by message, to send as a batch."""
+        assert staged.run is not None and self.relay is not None
+        after = staged.after or (0, -1)
+        if self.relay.relay(conn, source, staged.run, after, stats):
+            return staged.last, None
+        # Rejected, or a parked group: the run message by message, which finds the read at fault or holds
+        # the group's reads behind the parked one (ordering.py).
+        fallback = self._load_and_stage(conn, after, limit=staged.run.count)
+        if fallback.batch.num_rows == 0:  # retention trimmed it meanwhile
+            return fallback.last, None
+        return after, fallback
+
+    def _calls(self, staged: Staged) -> list[Call]:
+        """A staged block cut into the sink's calls (calls.py), each holding this lane's messages only."""
+        batch = staged.batch
+        positions = list(zip(batch.column("commit_lsn").to_pylist(), batch.column("commit_idx").to_pylist(),
+                             strict=True))
+        stamps = batch.column("commit_ts")
+        calls = cut(positions, lambda i: stamps[i].as_py(), messages_from(staged.out, staged.shapes),
+                    staged.failed, self.batch_size)
         if self.lane.filters:  # every lane reads every row: lane 0 counts those none sends
-            messages, stage_failed = self.lane.mine(messages, stage_failed)
-            filtered = filtered if self.lane.lane == 0 else 0
-        stats.filtered += filtered
-        if self.dry_run:
-            for m in messages:
+            for c in calls:
+                c.messages, c.stage_failed = self.lane.mine(c.messages, c.stage_failed)
+                c.filtered = c.filtered if self.lane.lane == 0 else 0
+        return calls
+
+    def _dry_run(self, calls: deque[Call], stats: DeliveryStats) -> Position | None:
+        """Print the calls' messages instead of sending them; nothing is settled. The last position printed."""
+        last = None
+        while calls:
+            call = calls.popleft()
+            for m in call.messages:
                 self.dry_run_out.write(m.payload.decode() + "\n")
-            stats.delivered += len(messages)
-            return last
-        name = self.sink_config.name
-        blocked = self.store.parked_groups(conn, name, self.lane.lane) if self.sink_config.message_grouping else set()
-        send, held = split_held(messages, blocked, [(pos, g) for pos, g, _ in stage_failed])
-        # Those are parked only by the state commit below: the sink must not record a position past them.
-        kept_back = [position_of(m) for m in held] + [pos for pos, _, _ in stage_failed]
-        began = time.monotonic()
-        results = self.send(send, min(kept_back) if kept_back else None)
-        cause = all_down(results)
-        if cause is not None:
-            raise DestinationDown(f"sink {name!r}: nothing acknowledged: {cause}")
-        parked = self.parking.park_failures(conn, send, results, held, stage_failed)
-        delivered = sum(1 for r in results if r is None)
-        self.offsets.settle(conn, stats, last, delivered, filtered, parked, last_ts)
-        BATCH_SECONDS.labels(name).observe(time.monotonic() - began)
+            stats.batches += 1
+            stats.read += call.read
+            stats.filtered += call.filtered
+            stats.delivered += len(call.messages)
+            last = call.last
         return last
 
+    def _settle(self, conn: psycopg.Connection, stats: DeliveryStats, done: list[Outstanding],
+                offset: Position) -> Position:
+        """Settle calls whose outcome is known, in order, in one state transaction: park what failed (and what
+        is behind it in its group), advance the offset past the last of them. A call that failed as a whole
+        (the destination down, nothing acknowledged) ends the settling: the calls before it are settled,
+        its error is raised."""
+        name = self.sink_config.name
+        good: list[tuple[Outstanding, list[OutboundMessage], list[str | None], list[OutboundMessage]]] = []
+        error: Exception | None = None
+        for o in done:
+            try:
+                sent, results, held = o.outcome()
+            except Exception as exc:  # noqa: BLE001 - raised once the calls before it are settled
+                error = exc
+                break
+            cause = all_down(results)
+            # Nothing acknowledged and nothing since it began (calls out beside it): the destination is down.
+            if cause is not None and self._live.acked_at <= o.began:
+                error = DestinationDown(f"sink {name!r}: nothing acknowledged: {cause}")
+                break
+            good.append((o, sent, results, held))
+        delivered = filtered = parked = read = 0
+        for o, sent, results, held in good:
+            parked += self.parking.park_failures(conn, sent, results, held, o.call.stage_failed)
+            delivered += sum(1 for r in results if r is None)
+            filtered += o.call.filtered
+            read += o.call.read
+        if good:
+            last = good[-1][0].call
+            stats.batches += len(good)
+            stats.read += read
+            stats.filtered += filtered
+            offset = self.offsets.settle(conn, stats, last.last, delivered, filtered, parked, last.last_ts)
+            now = time.monotonic()
+            for o, *_ in good:
+                BATCH_SECONDS.labels(name).observe(now - o.began)
+        if error is not None:
+            raise error
+        return offset
+
     def send(self, messages: Sequence[OutboundMessage], kept_back: Position | None = None) -> list[str | None]:
-        """Per message: None (delivered), its error, or held behind its group's failure (ordering.py)."""
+        """Per message: None (delivered), its error, or held behind its group's failure (ordering.py). Called
+        from the window's threads too: the destination's liveness is noted as the results come."""
         if not messages:
             return []
         assert self.sink is not None

@@ -40,14 +40,14 @@ sink, and a sink package overrides what its destination does differently.
 from __future__ import annotations
 
 import abc
+import asyncio
 import concurrent.futures
 import contextlib
+import threading
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol, TypeVar
 from urllib.parse import urlsplit
-
-from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from cdc_pipeline.core.findings import Finding
 
@@ -140,6 +140,12 @@ class Sink(abc.ABC):
         """The last position the destination itself committed, for sinks that commit it atomically."""
         return None
 
+    def calls_in_flight(self) -> int:
+        """How many `deliver` calls the engine may have outstanding at once, from as many threads (its window
+        across micro-batches, delivery/call_window.py). More than 1 only for a sink whose `deliver` is
+        thread-safe, that bounds its requests across calls itself, and that records no `position()`."""
+        return 1
+
     def bind_lane(self, key: str) -> None:  # noqa: B027
         """The key this deliverer's own position is recorded under (core/lanes.py `position_key`: the sink's
         name without lanes); for sinks that commit a `position()` of their own. Called after `open`, again
@@ -222,23 +228,25 @@ def safe_endpoint(url: str) -> str:
 
 
 class EventLoopThread:
-    """A private event loop on a daemon thread (anyio's blocking portal, asyncio backend), so asyncio
-    clients (nats-py, pika's asyncio adapter) sit behind the sinks' synchronous API. One long-lived loop
-    keeps one long-lived connection; a loop per call would have to reconnect on every call, since a
-    connection is bound to its loop."""
+    """A private asyncio event loop on a daemon thread, so asyncio clients (nats-py, aio-pika, the webhook's
+    HTTP client) sit behind the sinks' synchronous API. One long-lived loop keeps one long-lived connection; a
+    loop per call would have to reconnect on every call, since a connection is bound to its loop. `run` hands
+    a coroutine over without waiting for the loop to take it (the engine's window calls it from many threads
+    at once)."""
 
     def __init__(self, name: str) -> None:
-        self._exit = contextlib.ExitStack()
-        self._portal: BlockingPortal | None = self._exit.enter_context(
-            start_blocking_portal("asyncio", name=name))
+        self._loop: asyncio.AbstractEventLoop | None = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name=name, daemon=True)
+        self._thread.start()
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         """Run `coro` on the loop and wait for its result (re-raising its exception); on a timeout the
         coroutine is cancelled."""
-        if self._portal is None:
+        loop = self._loop
+        if loop is None:
             coro.close()
             raise RuntimeError("the sink's event loop is stopped")
-        future = self._portal.start_task_soon(_awaited, coro)
+        future = asyncio.run_coroutine_threadsafe(coro, loop)
         try:
             return future.result(timeout)
         except concurrent.futures.TimeoutError:
@@ -246,15 +254,22 @@ class EventLoopThread:
             raise
 
     def stop(self) -> None:
-        """Cancel what is still running on the loop, stop it and join the thread. Idempotent."""
-        portal, self._portal = self._portal, None
-        if portal is None:
+        """Cancel what is still running on the loop (the client's own background tasks too), stop it and join
+        the thread. Idempotent."""
+        loop, self._loop = self._loop, None
+        if loop is None:
             return
-        with contextlib.suppress(RuntimeError):  # already stopped
-            portal.call(portal.stop, True)
-        # Closing the loop also cancels the client's own background tasks and finalizes async generators.
-        self._exit.close()
+        with contextlib.suppress(Exception):  # a loop that cannot wind down is stopped all the same
+            asyncio.run_coroutine_threadsafe(_cancel_all(), loop).result(60)
+        loop.call_soon_threadsafe(loop.stop)
+        self._thread.join()
+        loop.close()
 
 
-async def _awaited(coro: Coroutine[Any, Any, T]) -> T:
-    return await coro
+async def _cancel_all() -> None:
+    """Cancel every other task of the running loop and wait for them; finalize async generators."""
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await asyncio.get_running_loop().shutdown_asyncgens()

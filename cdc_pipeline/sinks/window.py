@@ -1,5 +1,6 @@
-"""A sliding window of requests for sinks whose cost is latency (issue 23): up to `limit` chunks of a call
-in flight at once, the next one going as soon as any returns, never a group out of order.
+"""A sliding window of requests for sinks whose cost is latency (issue 23): chunks of a call in flight while
+`slots` allows (a semaphore the sink shares between concurrent calls), the next one going as soon as any
+returns, never a group out of order.
 
 A chunk waits until the previous chunk holding any of its groups has returned (acknowledged or not), so
 a group's later message is sent only after its earlier one was acknowledged. A chunk one of whose groups
@@ -15,13 +16,12 @@ import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 
 
-async def send_window(chunks: Sequence[Sequence[int]], groups: Sequence[str | None], limit: int,
+async def send_window(chunks: Sequence[Sequence[int]], groups: Sequence[str | None], slots: asyncio.Semaphore,
                       send: Callable[[Sequence[int]], Awaitable[set[str]]],
                       skip: Callable[[Sequence[int]], None], halted: Callable[[], bool]) -> None:
-    """Send `chunks` (message indexes, in batch order) through a window of `limit` requests. `send` posts
+    """Send `chunks` (message indexes, in batch order) through the window's `slots`. `send` posts
     one chunk and returns the groups of its messages not acknowledged; `skip` reports a chunk not sent
     (a group of it stalled, or `halted()`: the destination is down)."""
-    window = asyncio.Semaphore(limit)
     stalled: set[str] = set()
     last: dict[str, asyncio.Task[None]] = {}  # each group's latest chunk
 
@@ -34,7 +34,7 @@ async def send_window(chunks: Sequence[Sequence[int]], groups: Sequence[str | No
             stalled.update(own)
             skip(chunk)
             return
-        async with window:
+        async with slots:
             if halted() or not stalled.isdisjoint(own):  # settled while this one waited for a slot
                 stalled.update(own)
                 skip(chunk)

@@ -106,11 +106,16 @@ def _start(config: PipelineConfig, spark: Any) -> tuple[Background, Background]:
             Background(lambda: deliverer.run(until_idle=False), deliverer.stop))
 
 
+# The sink's own batch_size of 1: a call per message, many out at once (the engine's window across calls).
+CALLS = pytest.mark.parametrize("calls", [{}, {"batch_size": 1}], ids=["calls per block", "a call per message"])
+
+
+@CALLS
 def test_destination_down_is_waited_for_not_counted(source_db: Database, write_config: Callable[..., PipelineConfig],
-                                                    spark: Any, receiver: Receiver) -> None:
+                                                    spark: Any, receiver: Receiver, calls: dict[str, int]) -> None:
     # max_retries 0: a single failure counted against any message would discard it at once.
     config = _config(source_db, write_config, receiver.url, max_retries=0,
-                     destination={"batch_size": 5, "timeout_ms": 300})
+                     destination={"batch_size": 5, "timeout_ms": 300}, **calls)
     drain, deliver = _start(config, spark)
     try:
         source_db.execute("INSERT INTO t SELECT g, 0 FROM generate_series(1, 20) g")
@@ -160,8 +165,10 @@ def test_destination_down_is_waited_for_not_counted(source_db: Database, write_c
     assert all(m["metadata"]["idempotency_key"] for body in bodies for m in body["data"])
 
 
+@CALLS
 def test_poison_next_to_healthy_messages_is_parked_and_discarded(
-        source_db: Database, write_config: Callable[..., PipelineConfig], spark: Any, receiver: Receiver) -> None:
+        source_db: Database, write_config: Callable[..., PipelineConfig], spark: Any, receiver: Receiver,
+        calls: dict[str, int]) -> None:
     """Row 7 is rejected (500) and row 9 is timed out on, while every other message is accepted: both
     are that message's failure, counted against max_retries (1) and discarded; the rest all arrive."""
     def behaviour(headers: dict[str, str], body: bytes) -> tuple[int, bytes, float]:
@@ -172,7 +179,7 @@ def test_poison_next_to_healthy_messages_is_parked_and_discarded(
 
     receiver.behaviour = behaviour
     config = _config(source_db, write_config, receiver.url, max_retries=1,
-                     destination={"batch_size": 1, "timeout_ms": 300})
+                     destination={"batch_size": 1, "timeout_ms": 300}, **calls)
     drain, deliver = _start(config, spark)
     try:
         source_db.execute("INSERT INTO t SELECT g, 0 FROM generate_series(1, 12) g")

@@ -1,6 +1,7 @@
 """The webhook window under `cdc-pipeline deliver` (issue 23): SIGKILLed with a full window of requests
-outstanding, the committed offset has not passed any of them, and a restart delivers every message
-(at least once), each group's first acknowledgements in commit order."""
+outstanding (within one call, or across calls of one message each), the committed offset has not passed any
+of them, and a restart delivers every message (at least once), each group's first acknowledgements in
+commit order."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
+import pytest
 import yaml
 
 from cdc_pipeline.config import PipelineConfig
@@ -37,15 +39,22 @@ def _position(key: str) -> tuple[int, int]:
     return int(lsn), int(idx)
 
 
+@pytest.mark.parametrize("calls", ["one per block", "one per message"])
 def test_sigkill_with_a_full_window_outstanding_loses_nothing(
-        source_db: Database, write_config: Callable[..., PipelineConfig]) -> None:
+        source_db: Database, write_config: Callable[..., PipelineConfig], calls: str) -> None:
+    """"one per block": the webhook's own window within a call (a request per message, blocks of 100);
+    "one per message": the sink's `batch_size: 1`, so the engine's window across calls does the work."""
     receiver = Counting()
     try:
-        config = _config(source_db, write_config, receiver.url,
-                         destination={"batch_size": 1, "max_in_flight": WINDOW, "timeout_ms": 120000})
-        data = yaml.safe_load(Path(config.path).read_text())
-        data["delivery"]["batch_size"] = 100  # three batches: one settled, one in the window, one waiting
-        Path(config.path).write_text(yaml.safe_dump(data))
+        if calls == "one per block":
+            config = _config(source_db, write_config, receiver.url,
+                             destination={"batch_size": 1, "max_in_flight": WINDOW, "timeout_ms": 120000})
+            data = yaml.safe_load(Path(config.path).read_text())
+            data["delivery"]["batch_size"] = 100  # three batches: one settled, one in the window, one waiting
+            Path(config.path).write_text(yaml.safe_dump(data))
+        else:
+            config = _config(source_db, write_config, receiver.url, batch_size=1,
+                             destination={"max_in_flight": WINDOW, "timeout_ms": 120000})
         source_db.execute("INSERT INTO t SELECT g, 0 FROM generate_series(1, %s) g", (ROWS,))
         source_db.execute("UPDATE t SET v = 1")
         source_db.execute("UPDATE t SET v = 2")

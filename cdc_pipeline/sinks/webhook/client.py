@@ -30,6 +30,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import os
@@ -97,6 +98,7 @@ class WebhookSink(Sink):
         self._masked: list[str] = []  # values that must never appear in an error
         self._runner: EventLoopThread | None = None
         self._pool: HttpPool | None = None
+        self._slots = asyncio.Semaphore(self.max_in_flight)
         self._in_flight = REQUESTS_IN_FLIGHT.labels(self.name)
         self._request_seconds = REQUEST_SECONDS.labels(self.name)
 
@@ -114,6 +116,9 @@ class WebhookSink(Sink):
         if self._runner is None:
             self._runner = EventLoopThread(f"webhook-sink-{self.name}")
         self._pool = HttpPool(self.url, self.max_in_flight, self.http2)
+        # The window's slots, shared by concurrent calls (the engine's window across micro-batches): at most
+        # max_in_flight requests out in all. Bound to the sink's loop on first use.
+        self._slots = asyncio.Semaphore(self.max_in_flight)
 
     def close(self) -> None:
         runner, pool, self._runner, self._pool = self._runner, self._pool, None, None
@@ -126,6 +131,9 @@ class WebhookSink(Sink):
             runner.stop()
 
     # -- delivery ---------------------------------------------------------------------------------
+    def calls_in_flight(self) -> int:
+        return self.max_in_flight
+
     def deliver(self, batch: Sequence[OutboundMessage]) -> list[str | None]:
         if not batch:
             return []
@@ -159,7 +167,7 @@ class WebhookSink(Sink):
             for i in chunk:
                 results[i] = NOT_SENT if not down else Unreachable(f"not sent: {down[0]}")
 
-        await send_window(chunks, [m.group for m in batch], self.max_in_flight, send, skip, lambda: bool(down))
+        await send_window(chunks, [m.group for m in batch], self._slots, send, skip, lambda: bool(down))
         return results, (down[0] if down else None)
 
     async def _attempt(self, batch: Sequence[OutboundMessage], idx: list[int], results: list[str | None]) -> bool:

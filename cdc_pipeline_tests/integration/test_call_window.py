@@ -1,0 +1,76 @@
+"""The engine's window across calls (issue 23) through `cdc-pipeline deliver`, against a real HTTP endpoint:
+with the sink's own `batch_size: 1` every message is a call of its own, and `max_in_flight` of them are
+out at once, across micro-batches. A poison message in the middle of the full window parks only its group
+(its later versions held behind it), every other group arrives complete and in commit order, the window
+never holds more than its width, and the offset ends at the log's end."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+
+from cdc_pipeline.admin import status
+from cdc_pipeline.config import PipelineConfig
+from cdc_pipeline_tests import helpers
+from cdc_pipeline_tests.conftest import Database
+from cdc_pipeline_tests.integration.test_cli_errors import CLI
+from cdc_pipeline_tests.integration.test_delivery_outage import _config, _failed, _log
+from cdc_pipeline_tests.integration.test_webhook_window import Counting
+
+ROWS = 60
+WINDOW = 20
+POISON = 13
+
+
+def test_calls_of_one_message_fill_the_window_and_isolate_a_poison_message(
+        source_db: Database, write_config: Callable[..., PipelineConfig]) -> None:
+    receiver = Counting()
+    lock = threading.Lock()
+    versions: dict[int, list[int]] = {}  # row -> versions acknowledged, in arrival order
+
+    def behaviour(headers: dict[str, str], body: bytes) -> tuple[int, bytes, float]:
+        (m,) = json.loads(body)["data"]  # one message per request: calls of one
+        row, v = m["record"]["id"], m["record"]["v"]
+        if row == POISON and v >= 1:
+            return receiver.hold(500, b"cannot process this one", fill=WINDOW)
+        answer = receiver.hold(200, b"{}", fill=WINDOW)  # until WINDOW requests were out at once
+        with lock:
+            versions.setdefault(row, []).append(v)
+        return answer
+
+    receiver.behaviour = behaviour
+    try:
+        config: PipelineConfig = _config(source_db, write_config, receiver.url, batch_size=1,
+                                         destination={"max_in_flight": WINDOW})
+        source_db.execute("INSERT INTO t SELECT g, 0 FROM generate_series(1, %s) g", (ROWS,))
+        source_db.execute("UPDATE t SET v = 1")
+        source_db.execute("UPDATE t SET v = 2")
+        helpers.drain(config)
+        log = _log(config)
+        assert len(log) == 3 * ROWS
+
+        done = subprocess.run([CLI, "--config", str(config.path), "deliver", "--sink", "hook", "--until-idle"],
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+    finally:
+        receiver.stop()
+
+    assert receiver.peak == WINDOW  # the window filled across calls, and never went past its width
+    for row in range(1, ROWS + 1):  # every group complete and in commit order; the poison one up to it
+        assert versions.get(row) == ([0] if row == POISON else [0, 1, 2]), (row, versions.get(row))
+    failed = _failed(config)
+    # the poison version parked with its error (retried meanwhile: backoff 50 ms), the next one held behind it
+    assert [(r, s) for r, s, _, _ in failed] == [(POISON, "parked"), (POISON, "parked")], failed
+    assert failed[0][2] >= 1 and failed[1][2] == 0, failed
+    assert "HTTP 500" in failed[0][3] and "held behind" in failed[1][3]
+    with psycopg.connect(config.state_dsn) as conn:
+        offset = conn.execute("SELECT commit_lsn, commit_idx FROM cdc_pipeline.sink_offsets "
+                              "WHERE sink = 'hook'").fetchone()
+    assert f"{offset[0]}:{offset[1]}" == log[-1][0]
+    sink: dict[str, Any] = status.collect(config)["sinks"]["hook"]
+    assert sink["parked"] == 2 and sink["lag_messages"] == 0, sink

@@ -1,0 +1,203 @@
+"""The engine's window across micro-batches (delivery/calls.py, delivery/call_window.py): a block cut into
+calls loses and moves nothing; calls out at once from many threads hand each group to the sink exactly as a
+call-at-a-time engine would, never a group's message before its earlier one's outcome is known, never past
+its failure; calls settle in order. The sink here is an in-memory destination with latency and poison keys."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cdc_pipeline.delivery.call_window import CallWindow
+from cdc_pipeline.delivery.calls import Call, cut
+from cdc_pipeline.delivery.dispatch import deliver_in_order
+from cdc_pipeline.delivery.ordering import HELD, position_of
+from cdc_pipeline.sinks.base import NOT_SENT, OutboundMessage, Sink
+
+T0 = datetime(2026, 11, 26)
+
+
+def message(pos: tuple[int, int], group: str | None) -> OutboundMessage:
+    return OutboundMessage(f"{pos[0]}:{pos[1]}", group, None, b"{}")
+
+
+@settings(max_examples=300, deadline=None)
+@given(rows=st.integers(0, 60), size=st.integers(1, 25), data=st.data())
+def test_a_block_cut_into_calls_loses_and_moves_nothing(rows: int, size: int, data: st.DataObject) -> None:
+    positions = [(100 + i // 3, i % 3) for i in range(rows)]
+    kept = sorted(data.draw(st.sets(st.integers(0, max(rows - 1, 0)), max_size=rows)) if rows else [])
+    failed_rows = set(data.draw(st.sets(st.sampled_from(kept), max_size=len(kept))) if kept else [])
+    messages = [message(positions[i], f"g{i % 4}") for i in kept if i not in failed_rows]
+    failed = [(positions[i], f"g{i % 4}", "boom") for i in sorted(failed_rows)]
+    calls = cut(positions, lambda i: T0 + timedelta(seconds=i), messages, failed, size)
+    assert sum(c.read for c in calls) == rows
+    assert all(0 < c.read <= size for c in calls)
+    assert [c.last for c in calls] == [positions[min(e, rows) - 1] for e in range(size, rows + size, size)]
+    assert [m for c in calls for m in c.messages] == messages  # each once, in order
+    assert [f for c in calls for f in c.stage_failed] == failed
+    start = (0, -1)
+    for c in calls:
+        assert all(start < position_of(m) <= c.last for m in c.messages)
+        assert all(start < f[0] <= c.last for f in c.stage_failed)
+        assert c.filtered == c.read - len(c.messages) - len(c.stage_failed) >= 0
+        assert c.last_ts == T0 + timedelta(seconds=positions.index(c.last))
+        start = c.last
+
+
+class Destination(Sink):
+    """Acknowledges each message after a random pause, refuses the poison keys, and stops at its first
+    failure of a call (the rest NOT_SENT), as a sink sending one request after another does. Records every
+    message it was handed, with when its call began and ended."""
+
+    name = "memory"
+
+    def __init__(self, poison: set[str], seed: int) -> None:
+        self.poison = poison
+        self.random = random.Random(seed)
+        self.lock = threading.Lock()
+        self.clock = 0
+        self.sent: list[tuple[str, str | None, int]] = []  # (key, group, tick the call began)
+        self.ended: dict[str, int] = {}  # key -> tick its call ended
+        self.out = 0
+        self.peak = 0
+
+    def tick(self) -> int:
+        with self.lock:
+            self.clock += 1
+            return self.clock
+
+    def deliver(self, batch: Sequence[OutboundMessage]) -> list[str | None]:
+        began = self.tick()
+        with self.lock:
+            self.out += 1
+            self.peak = max(self.peak, self.out)
+            pause = self.random.random() * 0.002
+        time.sleep(pause)  # the destination's latency: calls overlap and finish in any order
+        results: list[str | None] = []
+        for m in batch:
+            if any(r is not None for r in results):
+                results.append(NOT_SENT)
+                continue
+            with self.lock:
+                self.sent.append((m.key, m.group, began))
+            results.append(f"refused {m.key}" if m.key in self.poison else None)
+        ended = self.tick()
+        with self.lock:
+            self.out -= 1
+            for m, r in zip(batch, results, strict=True):
+                if r is not NOT_SENT:
+                    self.ended[m.key] = ended
+        return results
+
+
+def run_window(calls: list[Call], width: int, parked: set[str | None], poison: set[str], seed: int
+               ) -> tuple[Destination, list[Call], dict[str, str | None]]:
+    """Drive the window as the engine's loop does; the calls settled in order and each message's outcome."""
+    sink = Destination(poison, seed)
+    window = CallWindow(lambda msgs, kept: deliver_in_order(sink, msgs, kept) if msgs else [], width, 10_000)
+    window.reset(parked)
+    settled = []
+    try:
+        for call in calls:
+            while not window.room(call):
+                settled += window.make_room(call)
+            window.submit(call)
+            settled += window.settled(block=False)
+        while len(window):
+            settled += window.settled(block=True)
+    finally:
+        window.close()
+    outcome: dict[str, str | None] = {}
+    for o in settled:
+        sent, results, held = o.outcome()
+        outcome.update({m.key: r for m, r in zip(sent, results, strict=True)})
+        outcome.update({m.key: HELD for m in held})
+    return sink, [o.call for o in settled], outcome
+
+
+calls_of = st.lists(st.lists(st.sampled_from([None, "a", "b", "c", "d", "e", "f"]), min_size=0, max_size=6),
+                    min_size=1, max_size=25)
+
+
+@settings(max_examples=150, deadline=None)
+@given(groups=calls_of, width=st.sampled_from([2, 3, 8, 100]), seed=st.integers(0, 2**32),
+       poison_rate=st.sampled_from([0.0, 0.1, 0.3]), parked=st.sets(st.sampled_from(["a", "f"])))
+def test_many_calls_out_hand_each_group_over_as_one_call_at_a_time_would(
+        groups: list[list[str | None]], width: int, seed: int, poison_rate: float, parked: set[str]) -> None:
+    rnd = random.Random(seed)
+    calls: list[Call] = []
+    lsn = 1000
+    for i, call_groups in enumerate(groups):
+        msgs = [message((lsn + j, 0), g) for j, g in enumerate(call_groups)]
+        lsn += len(call_groups) + 1
+        calls.append(Call((lsn, 0), T0, len(msgs) + 1, 1, msgs, []))
+        assert i == len(calls) - 1
+    poison = {m.key for c in calls for m in c.messages if rnd.random() < poison_rate}
+
+    sink, settled, outcome = run_window(calls, width, set(parked), poison, seed)
+    serial_sink, _, serial_outcome = run_window(calls, 1, set(parked), poison, seed)
+
+    assert settled == calls  # every call settled, in order
+    assert outcome == serial_outcome  # the same outcome as one call at a time, message by message
+    by_group: dict[str | None, list[str]] = {}
+    for key, group, _ in sink.sent:
+        by_group.setdefault(group, []).append(key)
+    serial_by_group: dict[str | None, list[str]] = {}
+    for key, group, _ in serial_sink.sent:
+        serial_by_group.setdefault(group, []).append(key)
+    for group in set(by_group) | set(serial_by_group):
+        if group is not None:  # the same messages of each group reached the destination, in the same order
+            assert by_group.get(group) == serial_by_group.get(group), group
+    last: dict[str, tuple[int, int]] = {}  # each group's last message sent: (its sink call's start, end)
+    for key, group, began in sorted(sink.sent, key=lambda s: position_of(message_by(s[0]))):
+        if group is None:
+            continue
+        before = last.get(group)
+        # a group's message went out in the same sink call as its earlier one (the sink keeps that order),
+        # or once that call had returned
+        assert before is None or began == before[0] or began > before[1], (group, key)
+        last[group] = (began, sink.ended[key])
+    for group in parked:
+        assert group not in by_group  # a parked group's messages are held, none sent
+    assert sink.peak <= width
+
+
+def message_by(key: str) -> OutboundMessage:
+    return message(position_of(OutboundMessage(key, None, None, b"")), None)
+
+
+def test_the_window_fills_with_calls_of_other_groups() -> None:
+    """Calls of distinct groups are all out at once (what makes a sink with batch_size 1 fast), and no more
+    than the width."""
+    calls = [Call((2000 + i, 0), T0, 1, 0, [message((2000 + i, 0), f"g{i}")], []) for i in range(40)]
+    gate = threading.Barrier(8, timeout=60)
+
+    class Gated(Destination):
+        def deliver(self, batch: Sequence[OutboundMessage]) -> list[str | None]:
+            if self.clock < 16:  # the first 8 calls wait until 8 are out at once
+                self.tick()
+                gate.wait()
+            return super().deliver(batch)
+
+    sink = Gated(set(), 1)
+    window = CallWindow(lambda msgs, kept: deliver_in_order(sink, msgs, kept), 8, 10_000)
+    window.reset(set())
+    done = []
+    try:
+        for call in calls:
+            while not window.room(call):
+                done += window.make_room(call)
+            window.submit(call)
+        while len(window):
+            done += window.settled(block=True)
+    finally:
+        window.close()
+    assert [o.call for o in done] == calls
+    assert len(sink.sent) == 40
+    assert sink.peak <= 8
