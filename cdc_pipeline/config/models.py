@@ -122,8 +122,9 @@ class DrainConfig(StrictModel):
 
 
 class DeliveryConfig(StrictModel):
-    batch_size: int = Field(default=20000, gt=0, description="Messages per delivery micro-batch (a sink's own "
-                            "`batch_size` overrides it).")
+    batch_size: int = Field(default=20000, gt=0, description="Messages per delivery micro-batch: log rows per "
+                            "call to a sink, each call settled on its own (a sink's own `batch_size` overrides it). "
+                            "The log is read and staged in blocks of at least 1,000 rows whatever the size.")
     batch_bytes: int = Field(default=64 * 1024 * 1024, gt=0, description="A batch also ends once its messages "
                              "hold this many bytes of record and changes JSON (at least one message per batch).")
     idle_seconds: float = Field(default=0.25, gt=0, description="How often a long-running delivery polls an "

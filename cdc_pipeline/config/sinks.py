@@ -78,8 +78,10 @@ class SinkConfig(StrictModel):
     max_retries: int | None = Field(default=None, ge=0, description="Retries of a parked message before it is "
                                     "discarded; null: retry forever.")
     backoff: BackoffConfig = Field(default_factory=BackoffConfig, description="Retry delays of parked messages.")
-    batch_size: int | None = Field(default=None, gt=0, description="Messages per delivery batch for this sink; "
-                                   "default: `delivery.batch_size`.")
+    batch_size: int | None = Field(default=None, gt=0, description="Messages per delivery batch for this sink "
+                                   "(log rows per call: a webhook request at most, a transaction); default: "
+                                   "`delivery.batch_size`. A sink that takes several calls at once (a webhook: up "
+                                   "to `max_in_flight`) has them out together, across micro-batches.")
     lanes: int = Field(default=1, ge=1, le=MAX_LANES, description="Delivery lanes: the sink's messages split by a "
                        "stable hash of their group, each lane with its own offset, parked messages and process "
                        "(`deliver --sink S --lane I`, or a Dagster run per lane). Changing it is safe at any time.")
