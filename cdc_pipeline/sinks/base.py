@@ -237,14 +237,19 @@ class EventLoopThread:
         self._thread = threading.Thread(target=self._serve, args=(ready,), name=name, daemon=True)
         self._thread.start()
         ready.wait()
+        if self._loop is None:
+            raise RuntimeError("the sink's event loop did not start")
 
     def _serve(self, ready: threading.Event) -> None:
         import asyncio
 
-        with asyncio.Runner() as runner:  # closing: cancel what is still running, finalize, close the loop
-            self._loop, self._stopping = runner.get_loop(), asyncio.Event()
-            ready.set()
-            runner.run(self._stopping.wait())
+        try:
+            with asyncio.Runner() as runner:  # closing: cancel what is still running, finalize, close the loop
+                self._loop, self._stopping = runner.get_loop(), asyncio.Event()
+                ready.set()
+                runner.run(self._stopping.wait())
+        finally:
+            ready.set()  # a loop that failed to start must not leave __init__ waiting
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         """Run `coro` on the loop and wait for its result (re-raising its exception); on a timeout the
