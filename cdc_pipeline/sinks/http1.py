@@ -16,10 +16,13 @@ import base64
 import contextlib
 import ssl
 from collections import deque
+from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlsplit
 
-from cdc_pipeline.sinks.http2 import Http2Connection, StreamRefused
 from cdc_pipeline.sinks.http_guard import ConnectFailed, DeadlineExceeded, TransportFailed
+
+if TYPE_CHECKING:  # imported where HTTP/2 is offered (https): hyper-h2 costs a plain-http webhook ~10 ms of start
+    from cdc_pipeline.sinks.http2 import Http2Connection
 
 MAX_HEAD = 64 * 1024  # bytes of status line + headers accepted from an endpoint
 
@@ -68,6 +71,8 @@ class HttpPool:
         loop = asyncio.get_running_loop()
         until = loop.time() + deadline_s
         if self._offer_h2 is not None:
+            from cdc_pipeline.sinks.http2 import StreamRefused
+
             if self.basic is not None and not any(k.lower() == "authorization" for k in headers):
                 headers = {**headers, "Authorization": self.basic}
             while (h2 := await self._http2(until)) is not None:  # None: the endpoint chose HTTP/1.1
@@ -134,6 +139,8 @@ class HttpPool:
             conn = await self._connect(until, self._offer_h2)
             tls = conn.writer.get_extra_info("ssl_object")
             if tls is not None and tls.selected_alpn_protocol() == "h2":
+                from cdc_pipeline.sinks.http2 import Http2Connection
+
                 self._h2 = Http2Connection(conn.reader, conn.writer, self.authority, self.target)
                 return self._h2
             self._offer_h2 = None

@@ -1,4 +1,4 @@
-"""The sinks' private event loop: results and errors come back to the caller, a
+"""The sinks' private event loop (asyncio.Runner on a thread): results and errors come back to the caller, a
 timeout cancels the coroutine, and stop cancels the client's own background tasks and ends the thread."""
 
 from __future__ import annotations
