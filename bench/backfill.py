@@ -265,8 +265,8 @@ def timed_delivery(config_path: Path, rows: int) -> dict[str, float]:
     sent: list[tuple[int, float]] = []
     original_settle, original_relay = engine.Deliverer._settle, engine.Deliverer._relay
 
-    def settle(self: Any, conn: Any, stats: Any, done: Any, offset: Any) -> Any:
-        result = original_settle(self, conn, stats, done, offset)
+    def settle(self: Any, conn: Any, stats: Any, window: Any, done: Any, offset: Any) -> Any:
+        result = original_settle(self, conn, stats, window, done, offset)
         if done:
             sent.append((sum(o.call.read for o in done), time.perf_counter()))
         return result

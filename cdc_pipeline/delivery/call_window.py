@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from cdc_pipeline.core.positions import Position
 from cdc_pipeline.delivery.calls import Call
 from cdc_pipeline.delivery.ordering import position_of, split_held
-from cdc_pipeline.sinks.base import OutboundMessage
+from cdc_pipeline.sinks.base import OutboundMessage, SinkUnavailable, Unreachable
 
 UNSETTLED_CALLS = 4  # calls done but not settled yet (behind a slower earlier one), in units of the width
 
@@ -43,6 +43,7 @@ class Part:
     sent: list[OutboundMessage]
     held: list[OutboundMessage]
     results: list[str | None]
+    down: SinkUnavailable | None = None  # the sink found the destination down: `sent` all unanswered
 
 
 @dataclass(eq=False)
@@ -54,17 +55,16 @@ class Outstanding:
     def done(self) -> bool:
         return all(p.done() for p in self.parts)
 
-    def outcome(self) -> tuple[list[OutboundMessage], list[str | None], list[OutboundMessage]]:
-        """(sent, results, held), the parts merged; raises a part's error."""
-        sent: list[OutboundMessage] = []
-        results: list[str | None] = []
-        held: list[OutboundMessage] = []
+    def outcome(self) -> Part:
+        """The parts merged (`down`: the first one's); raises a part's error."""
+        merged = Part([], [], [])
         for future in self.parts:
             part = future.result()
-            sent += part.sent
-            results += part.results
-            held += part.held
-        return sent, results, held
+            merged.sent += part.sent
+            merged.results += part.results
+            merged.held += part.held
+            merged.down = merged.down or part.down
+        return merged
 
 
 class CallWindow:
@@ -115,13 +115,15 @@ class CallWindow:
         free: list[OutboundMessage] = []
         waiting: list[OutboundMessage] = []
         deps: dict[int, Future[Part]] = {}
+        waits: dict[str, bool] = {}  # per group, decided once: a part finishing meanwhile must not split it
         for m in call.messages:
-            before = self._last.get(m.group) if m.group is not None else None
-            if before is not None and not before.done():
-                waiting.append(m)
-                deps[id(before)] = before
-            else:
-                free.append(m)
+            g = m.group
+            if g is not None and g not in waits:
+                before = self._last.get(g)
+                waits[g] = before is not None and not before.done()
+                if waits[g]:
+                    deps[id(before)] = before
+            (waiting if g is not None and waits[g] else free).append(m)
         kept = [pos for pos, _, _ in call.stage_failed]
         parts: list[Future[Part]] = []
         for msgs, after in ((free, []), (waiting, list(deps.values()))):
@@ -160,6 +162,11 @@ class CallWindow:
             self._messages -= len(ready[-1].call.messages)
         return ready
 
+    def wait_out(self) -> None:
+        """Until no part is out."""
+        with self._done:
+            self._done.wait_for(lambda: not self._out)
+
     def _finished(self, _: Future[Part]) -> None:
         with self._done:
             self._out -= 1
@@ -191,12 +198,16 @@ class CallWindow:
                 blocked = set(self._blocked)
             send, held = split_held(messages, blocked, failures)
             keep = kept + [position_of(m) for m in held]
-            results = self._send(send, min(keep) if keep else None)
+            down = None
+            try:
+                results = self._send(send, min(keep) if keep else None)
+            except SinkUnavailable as exc:  # an outage, unless other calls got through meanwhile (the caller's)
+                results, down = [Unreachable(f"not delivered: {exc}")] * len(send), exc
             failing = {m.group for m, r in zip(send, results, strict=True) if r is not None and m.group is not None}
             failing |= {m.group for m in held if m.group is not None}
             with self._lock:  # before this part counts as done: a later call reads it
                 self._blocked |= failing
-            return Part(send, held, results)
+            return Part(send, held, results, down)
 
         if self._pool is not None:
             return self._pool.submit(run)

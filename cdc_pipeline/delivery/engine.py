@@ -34,7 +34,7 @@ from cdc_pipeline.config import PipelineConfig, SinkConfig
 from cdc_pipeline.core.backoff import next_delay_ms
 from cdc_pipeline.core.metrics_registry import BATCH_SECONDS
 from cdc_pipeline.delivery import backlog
-from cdc_pipeline.delivery.call_window import CallWindow, Outstanding
+from cdc_pipeline.delivery.call_window import CallWindow, Outstanding, Part
 from cdc_pipeline.delivery.calls import MIN_LOAD, Call, cut
 from cdc_pipeline.delivery.dispatch import deliver_in_order
 from cdc_pipeline.delivery.enrichment import Enricher
@@ -270,7 +270,7 @@ class Deliverer:
                         block = min(2 * block, self.load_size)
                         if staged.batch.num_rows == 0 and staged.run is None:
                             if len(window):  # settle what is out before looking again
-                                offset = self._settle(conn, stats, window.settled(block=True), offset)
+                                offset = self._settle(conn, stats, window, window.settled(block=True), offset)
                                 continue
                             if prefetched:  # looked for while the last block was sent: look again before waiting
                                 continue
@@ -287,7 +287,7 @@ class Deliverer:
                         idle = False
                         if staged.run is not None:  # relayed from the loader's connection: nothing loads meanwhile
                             while len(window):
-                                offset = self._settle(conn, stats, window.settled(block=True), offset)
+                                offset = self._settle(conn, stats, window, window.settled(block=True), offset)
                             if turn:
                                 self._give_turn(conn)
                                 turn = False
@@ -308,7 +308,7 @@ class Deliverer:
                             offset = self._dry_run(calls, stats) or offset
                             continue
                     if not window.room(calls[0]):
-                        offset = self._settle(conn, stats, window.make_room(calls[0]), offset)
+                        offset = self._settle(conn, stats, window, window.make_room(calls[0]), offset)
                         continue
                     if not turn:
                         if not self._take_turn(conn):
@@ -316,13 +316,13 @@ class Deliverer:
                         turn = True
                     window.submit(calls.popleft())
                     if width == 1 or time.monotonic() >= settle_due:  # a state commit per call would be the limit
-                        offset = self._settle(conn, stats, window.settled(block=False), offset)
+                        offset = self._settle(conn, stats, window, window.settled(block=False), offset)
                         settle_due = time.monotonic() + SETTLE_SECONDS
                     if len(window) and time.monotonic() - window.opened >= HOUSEKEEPING_SECONDS:
                         while len(window):  # let retries, a replay's turn and a change of lanes in
-                            offset = self._settle(conn, stats, window.settled(block=True), offset)
+                            offset = self._settle(conn, stats, window, window.settled(block=True), offset)
                 while len(window):
-                    offset = self._settle(conn, stats, window.settled(block=True), offset)
+                    offset = self._settle(conn, stats, window, window.settled(block=True), offset)
             except BaseException:
                 window.abandon()  # nothing goes out behind an error, and nothing is settled past it
                 raise
@@ -440,31 +440,35 @@ class Deliverer:
             last = call.last
         return last
 
-    def _settle(self, conn: psycopg.Connection, stats: DeliveryStats, done: list[Outstanding],
+    def _settle(self, conn: psycopg.Connection, stats: DeliveryStats, window: CallWindow, done: list[Outstanding],
                 offset: Position) -> Position:
         """Settle calls whose outcome is known, in order, in one state transaction: park what failed (and what
         is behind it in its group), advance the offset past the last of them. A call that failed as a whole
         (the destination down, nothing acknowledged) ends the settling: the calls before it are settled,
         its error is raised."""
         name = self.sink_config.name
-        good: list[tuple[Outstanding, list[OutboundMessage], list[str | None], list[OutboundMessage]]] = []
+        good: list[tuple[Outstanding, Part]] = []
         error: Exception | None = None
         for o in done:
             try:
-                sent, results, held = o.outcome()
+                part = o.outcome()
             except Exception as exc:  # noqa: BLE001 - raised once the calls before it are settled
                 error = exc
                 break
-            cause = all_down(results)
-            # Nothing acknowledged and nothing since it began (calls out beside it): the destination is down.
+            cause = all_down(part.results)
+            # Nothing acknowledged, and nothing since it began (by calls out beside it, once they are back):
+            # the destination is down. Else what it sent went unanswered, as a request timing out beside
+            # acknowledged ones.
             if cause is not None and self._live.acked_at <= o.began:
-                error = DestinationDown(f"sink {name!r}: nothing acknowledged: {cause}")
-                break
-            good.append((o, sent, results, held))
+                window.wait_out()
+                if self._live.acked_at <= o.began:
+                    error = part.down or DestinationDown(f"sink {name!r}: nothing acknowledged: {cause}")
+                    break
+            good.append((o, part))
         delivered = filtered = parked = read = 0
-        for o, sent, results, held in good:
-            parked += self.parking.park_failures(conn, sent, results, held, o.call.stage_failed)
-            delivered += sum(1 for r in results if r is None)
+        for o, part in good:
+            parked += self.parking.park_failures(conn, part.sent, part.results, part.held, o.call.stage_failed)
+            delivered += sum(1 for r in part.results if r is None)
             filtered += o.call.filtered
             read += o.call.read
         if good:
@@ -474,7 +478,7 @@ class Deliverer:
             stats.filtered += filtered
             offset = self.offsets.settle(conn, stats, last.last, delivered, filtered, parked, last.last_ts)
             now = time.monotonic()
-            for o, *_ in good:
+            for o, _ in good:
                 BATCH_SECONDS.labels(name).observe(now - o.began)
         if error is not None:
             raise error

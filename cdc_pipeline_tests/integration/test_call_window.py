@@ -74,3 +74,48 @@ def test_calls_of_one_message_fill_the_window_and_isolate_a_poison_message(
     assert f"{offset[0]}:{offset[1]}" == log[-1][0]
     sink: dict[str, Any] = status.collect(config)["sinks"]["hook"]
     assert sink["parked"] == 2 and sink["lag_messages"] == 0, sink
+
+
+def test_one_call_refused_as_if_the_endpoint_were_down_beside_calls_that_get_through_is_parked(
+        source_db: Database, write_config: Callable[..., PipelineConfig]) -> None:
+    """A 503 speaks for the whole endpoint, but the calls out beside it were acknowledged after it began: the
+    endpoint is up, so that call's message went unanswered (parked, not counted, its group held behind it),
+    not an outage that would end `deliver --until-idle` with an error (one call at a time, it would be)."""
+    receiver = Counting()
+    refused: list[bytes] = []
+
+    def behaviour(headers: dict[str, str], body: bytes) -> tuple[int, bytes, float]:
+        if [(m["record"]["id"], m["record"]["v"]) for m in json.loads(body)["data"]] == [(POISON, 1)] and not refused:
+            refused.append(body)
+            return 503, b"busy", 0.0
+        return 200, b"{}", 0.02
+
+    receiver.behaviour = behaviour
+    try:
+        config: PipelineConfig = _config(source_db, write_config, receiver.url, batch_size=1,
+                                         destination={"max_in_flight": WINDOW})
+        source_db.execute("INSERT INTO t SELECT g, 0 FROM generate_series(1, %s) g", (ROWS,))
+        source_db.execute("UPDATE t SET v = 1")
+        source_db.execute("UPDATE t SET v = 2")
+        helpers.drain(config)
+        log = _log(config)
+        cmd = [CLI, "--config", str(config.path), "deliver", "--sink", "hook", "--until-idle"]
+        first = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        assert first.returncode == 0, first.stdout + first.stderr
+        assert refused and '"outage_retries": 0' in first.stdout, first.stdout
+        row_of = dict(log)
+        poison = [k for k, r in log if r == POISON]
+        got = [k for k in dict.fromkeys(receiver.acked_keys()) if row_of[k] == POISON]
+        # in order, up to what is still parked (retries 50 ms later may have come before the run ended)
+        assert got == poison[:len(got)] and got, got
+        assert [(r, s) for r, s, _, _ in _failed(config)] == [(POISON, "parked")] * (len(poison) - len(got))
+        again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)  # retries what is parked
+        assert again.returncode == 0, again.stdout + again.stderr
+    finally:
+        receiver.stop()
+    acked = receiver.acked_keys()
+    assert set(acked) == set(row_of)
+    for row in range(1, ROWS + 1):  # each row's first acknowledgements in commit order
+        mine = [k for k, r in log if r == row]
+        assert [k for k in dict.fromkeys(acked) if row_of[k] == row] == mine, row
+    assert _failed(config) == []

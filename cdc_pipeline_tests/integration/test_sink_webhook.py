@@ -65,6 +65,9 @@ class Receiver:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
+        # http.server's listen backlog of 5 drops a window's concurrent connects (SYNs retried after 1 s,
+        # past a short timeout_ms); a real endpoint's is in the hundreds.
+        self.server.socket.listen(1024)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hooks/cdc?token=abc"
         self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self.thread.start()

@@ -23,7 +23,6 @@ class Counting(Receiver):
 
     def __init__(self) -> None:
         super().__init__()
-        self.server.socket.listen(1024)  # http.server's backlog of 5 would drop a window's connects
         self.in_flight = 0
         self.peak = 0
         self.gate = threading.Condition()

@@ -115,9 +115,9 @@ def run_window(calls: list[Call], width: int, parked: set[str | None], poison: s
         window.close()
     outcome: dict[str, str | None] = {}
     for o in settled:
-        sent, results, held = o.outcome()
-        outcome.update({m.key: r for m, r in zip(sent, results, strict=True)})
-        outcome.update({m.key: HELD for m in held})
+        part = o.outcome()
+        outcome.update({m.key: r for m, r in zip(part.sent, part.results, strict=True)})
+        outcome.update({m.key: HELD for m in part.held})
     return sink, [o.call for o in settled], outcome
 
 
