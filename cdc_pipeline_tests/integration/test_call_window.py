@@ -27,6 +27,18 @@ WINDOW = 20
 POISON = 13
 
 
+def _three_versions(source_db: Database, write_config: Callable[..., PipelineConfig], url: str
+                    ) -> tuple[PipelineConfig, list[tuple[str, int]]]:
+    """A sink of calls of one message (its own `batch_size: 1`), a window of WINDOW; ROWS rows inserted then
+    updated twice, drained: the config and the log (key, row)."""
+    config = _config(source_db, write_config, url, batch_size=1, destination={"max_in_flight": WINDOW})
+    source_db.execute("INSERT INTO t SELECT g, 0 FROM generate_series(1, %s) g", (ROWS,))
+    source_db.execute("UPDATE t SET v = 1")
+    source_db.execute("UPDATE t SET v = 2")
+    helpers.drain(config)
+    return config, _log(config)
+
+
 def test_calls_of_one_message_fill_the_window_and_isolate_a_poison_message(
         source_db: Database, write_config: Callable[..., PipelineConfig]) -> None:
     receiver = Counting()
@@ -45,13 +57,7 @@ def test_calls_of_one_message_fill_the_window_and_isolate_a_poison_message(
 
     receiver.behaviour = behaviour
     try:
-        config: PipelineConfig = _config(source_db, write_config, receiver.url, batch_size=1,
-                                         destination={"max_in_flight": WINDOW})
-        source_db.execute("INSERT INTO t SELECT g, 0 FROM generate_series(1, %s) g", (ROWS,))
-        source_db.execute("UPDATE t SET v = 1")
-        source_db.execute("UPDATE t SET v = 2")
-        helpers.drain(config)
-        log = _log(config)
+        config, log = _three_versions(source_db, write_config, receiver.url)
         assert len(log) == 3 * ROWS
 
         done = subprocess.run([CLI, "--config", str(config.path), "deliver", "--sink", "hook", "--until-idle"],
@@ -92,13 +98,7 @@ def test_one_call_refused_as_if_the_endpoint_were_down_beside_calls_that_get_thr
 
     receiver.behaviour = behaviour
     try:
-        config: PipelineConfig = _config(source_db, write_config, receiver.url, batch_size=1,
-                                         destination={"max_in_flight": WINDOW})
-        source_db.execute("INSERT INTO t SELECT g, 0 FROM generate_series(1, %s) g", (ROWS,))
-        source_db.execute("UPDATE t SET v = 1")
-        source_db.execute("UPDATE t SET v = 2")
-        helpers.drain(config)
-        log = _log(config)
+        config, log = _three_versions(source_db, write_config, receiver.url)
         cmd = [CLI, "--config", str(config.path), "deliver", "--sink", "hook", "--until-idle"]
         first = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         assert first.returncode == 0, first.stdout + first.stderr
