@@ -3,6 +3,7 @@
     .venv/bin/python bench/webhook_parallel.py                      # 3,000 groups x 3 versions, 20 ms
     .venv/bin/python bench/webhook_parallel.py --latency-ms 20 --groups 3000 --chunks 1,10 --ungrouped
     .venv/bin/python bench/webhook_parallel.py --sink-only          # the sink alone, no cluster, no CLI
+    .venv/bin/python bench/webhook_parallel.py --sink-batch         # batch_size on the sink: a call per message
 
 The receiver is an asyncio HTTP/1.1 server in its own process: each request is answered `--latency-ms`
 after its body arrived. It counts requests in flight (peak), and checks every group's versions arrived
