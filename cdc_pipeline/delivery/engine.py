@@ -67,7 +67,7 @@ TURN_WAIT_SECONDS = 1.0  # a send waiting for a replay looks at its stop event t
 # A window of several calls is let drain this often, so parked retries, a replay's turn, a change of lanes
 # and the run's time limit get in between sends (a window of one call drains after every call).
 HOUSEKEEPING_SECONDS = 1.0
-SETTLE_SECONDS = 0.05  # a wider window settles the calls done at its head this often (one state commit: a WAL flush)
+SETTLE_SECONDS = 0.2  # a wider window settles the calls done at its head this often (one state commit: a WAL flush)
 # A session's first block is at most this many log rows, and each next one twice the last, up to the load
 # size: sending starts as soon as the first is staged, and each block is loaded and staged while the one
 # before it is sent (staging costs about a third of what sending a row costs a webhook at 50,000 msgs/s).
