@@ -233,7 +233,7 @@ def timed_delivery(config_path: Path, rows: int) -> dict[str, float]:
     from collections import Counter
 
     from cdc_pipeline.config import load_config
-    from cdc_pipeline.delivery import engine, staging
+    from cdc_pipeline.delivery import engine, settle, staging
     from cdc_pipeline.delivery.spark_stage import spark_session
     from cdc_pipeline.sinks.postgres import client as pg_sink
     from cdc_pipeline.state import store
@@ -263,9 +263,9 @@ def timed_delivery(config_path: Path, rows: int) -> dict[str, float]:
     timed(pg_sink.PostgresSink, "deliver_typed_run", "typed run relayed: log COPY -> mirror COPY + MERGE")
     # Loading and staging run one batch ahead, beside the sink: time batches by when each was settled.
     sent: list[tuple[int, float]] = []
-    original_settle, original_relay = engine.Deliverer._settle, engine.Deliverer._relay
+    original_settle, original_relay = settle.Settler.settle, engine.Deliverer._relay
 
-    def settle(self: Any, conn: Any, stats: Any, window: Any, done: Any, offset: Any) -> Any:
+    def settled(self: Any, conn: Any, stats: Any, window: Any, done: Any, offset: Any) -> Any:
         result = original_settle(self, conn, stats, window, done, offset)
         if done:
             sent.append((sum(o.call.read for o in done), time.perf_counter()))
@@ -277,7 +277,7 @@ def timed_delivery(config_path: Path, rows: int) -> dict[str, float]:
             sent.append((staged.run.count, time.perf_counter()))
         return result
 
-    engine.Deliverer._settle = settle  # type: ignore[method-assign]
+    settle.Settler.settle = settled  # type: ignore[method-assign]
     engine.Deliverer._relay = relay  # type: ignore[method-assign]
     config = load_config(config_path)
     spark = spark_session(config.spark)

@@ -1,8 +1,8 @@
 """Delivery of one sink: log -> Spark stage -> sink, with parking, retries and per-group order.
 
 The Deliverer is wired here from explicit parts, each given what it needs: a stager (staging.py), a parking
-lot (parking.py), a relay of typed runs (relay.py), the window of calls (call_window.py) and the offset
-keeper that settles every send (offset.py).
+lot (parking.py), a relay of typed runs (relay.py), the window of calls (call_window.py), the settler of
+calls (settle.py) and the offset keeper that settles every send (offset.py).
 
 Each block: load the log after the last one, run the Spark stage, cut it into the sink's calls of at most
 its `batch_size` log rows (calls.py); each call holds back messages whose group has a parked or failed
@@ -32,19 +32,19 @@ import pyarrow as pa
 from cdc_pipeline.backfill.typed import takes_typed
 from cdc_pipeline.config import PipelineConfig, SinkConfig
 from cdc_pipeline.core.backoff import next_delay_ms
-from cdc_pipeline.core.metrics_registry import BATCH_SECONDS
 from cdc_pipeline.delivery import backlog
-from cdc_pipeline.delivery.call_window import CallWindow, Outstanding, Part
+from cdc_pipeline.delivery.call_window import CallWindow
 from cdc_pipeline.delivery.calls import MIN_LOAD, Call, cut
 from cdc_pipeline.delivery.dispatch import deliver_in_order
 from cdc_pipeline.delivery.enrichment import Enricher
 from cdc_pipeline.delivery.lane_keeper import LaneKeeper, LockStillHeld, SinkBusy, send_lock
 from cdc_pipeline.delivery.lazy_spark import LazySpark
 from cdc_pipeline.delivery.offset import OffsetKeeper
-from cdc_pipeline.delivery.outage import DestinationDown, Liveness, all_down, transient
+from cdc_pipeline.delivery.outage import Liveness, transient
 from cdc_pipeline.delivery.parking import RETRY_CHUNK, ParkingLot, messages_from
 from cdc_pipeline.delivery.plan import SinkPlan, empty_output
 from cdc_pipeline.delivery.relay import Relay
+from cdc_pipeline.delivery.settle import Settler
 from cdc_pipeline.delivery.staging import StageFailure, Stager
 from cdc_pipeline.delivery.stats import DeliveryStats
 from cdc_pipeline.postgres import session
@@ -119,6 +119,7 @@ class Deliverer:
         self.parking = ParkingLot(sink_config, lane, self.store, self._live, self.stager, self.send,
                                   min(self.batch_size, RETRY_CHUNK))
         self.relay = Relay(sink_config, lane, self.store, self.sink, self._live, self.offsets) if self.sink else None
+        self.settler = Settler(sink_config.name, self.parking, self.offsets, self._live)  # settle.py
 
     def stop(self) -> None:
         self._stop.set()
@@ -270,7 +271,7 @@ class Deliverer:
                         block = min(2 * block, self.load_size)
                         if staged.batch.num_rows == 0 and staged.run is None:
                             if len(window):  # settle what is out before looking again
-                                offset = self._settle(conn, stats, window, window.settled(block=True), offset)
+                                offset = self.settler.settle(conn, stats, window, window.settled(block=True), offset)
                                 continue
                             if prefetched:  # looked for while the last block was sent: look again before waiting
                                 continue
@@ -287,7 +288,7 @@ class Deliverer:
                         idle = False
                         if staged.run is not None:  # relayed from the loader's connection: nothing loads meanwhile
                             while len(window):
-                                offset = self._settle(conn, stats, window, window.settled(block=True), offset)
+                                offset = self.settler.settle(conn, stats, window, window.settled(block=True), offset)
                             if turn:
                                 self._give_turn(conn)
                                 turn = False
@@ -308,7 +309,7 @@ class Deliverer:
                             offset = self._dry_run(calls, stats) or offset
                             continue
                     if not window.room(calls[0]):
-                        offset = self._settle(conn, stats, window, window.make_room(calls[0]), offset)
+                        offset = self.settler.settle(conn, stats, window, window.make_room(calls[0]), offset)
                         continue
                     if not turn:
                         if not self._take_turn(conn):
@@ -316,13 +317,13 @@ class Deliverer:
                         turn = True
                     window.submit(calls.popleft())
                     if width == 1 or time.monotonic() >= settle_due:  # a state commit per call would be the limit
-                        offset = self._settle(conn, stats, window, window.settled(block=False), offset)
+                        offset = self.settler.settle(conn, stats, window, window.settled(block=False), offset)
                         settle_due = time.monotonic() + SETTLE_SECONDS
                     if len(window) and time.monotonic() - window.opened >= HOUSEKEEPING_SECONDS:
                         while len(window):  # let retries, a replay's turn and a change of lanes in
-                            offset = self._settle(conn, stats, window, window.settled(block=True), offset)
+                            offset = self.settler.settle(conn, stats, window, window.settled(block=True), offset)
                 while len(window):
-                    offset = self._settle(conn, stats, window, window.settled(block=True), offset)
+                    offset = self.settler.settle(conn, stats, window, window.settled(block=True), offset)
             except BaseException:
                 window.abandon()  # nothing goes out behind an error, and nothing is settled past it
                 raise
@@ -439,50 +440,6 @@ class Deliverer:
             stats.delivered += len(call.messages)
             last = call.last
         return last
-
-    def _settle(self, conn: psycopg.Connection, stats: DeliveryStats, window: CallWindow, done: list[Outstanding],
-                offset: Position) -> Position:
-        """Settle calls whose outcome is known, in order, in one state transaction: park what failed (and what
-        is behind it in its group), advance the offset past the last of them. A call that failed as a whole
-        (the destination down, nothing acknowledged) ends the settling: the calls before it are settled,
-        its error is raised."""
-        name = self.sink_config.name
-        good: list[tuple[Outstanding, Part]] = []
-        error: Exception | None = None
-        for o in done:
-            try:
-                part = o.outcome()
-            except Exception as exc:  # noqa: BLE001 - raised once the calls before it are settled
-                error = exc
-                break
-            cause = all_down(part.results)
-            # Nothing acknowledged, and nothing since it began (by calls out beside it, once they are back):
-            # the destination is down. Else what it sent went unanswered, as a request timing out beside
-            # acknowledged ones.
-            if cause is not None and self._live.acked_at <= o.began:
-                window.wait_out()
-                if self._live.acked_at <= o.began:
-                    error = part.down or DestinationDown(f"sink {name!r}: nothing acknowledged: {cause}")
-                    break
-            good.append((o, part))
-        delivered = filtered = parked = read = 0
-        for o, part in good:
-            parked += self.parking.park_failures(conn, part.sent, part.results, part.held, o.call.stage_failed)
-            delivered += sum(1 for r in part.results if r is None)
-            filtered += o.call.filtered
-            read += o.call.read
-        if good:
-            last = good[-1][0].call
-            stats.batches += len(good)
-            stats.read += read
-            stats.filtered += filtered
-            offset = self.offsets.settle(conn, stats, last.last, delivered, filtered, parked, last.last_ts)
-            now = time.monotonic()
-            for o, _ in good:
-                BATCH_SECONDS.labels(name).observe(now - o.began)
-        if error is not None:
-            raise error
-        return offset
 
     def send(self, messages: Sequence[OutboundMessage], kept_back: Position | None = None) -> list[str | None]:
         """Per message: None (delivered), its error, or held behind its group's failure (ordering.py). Called
