@@ -52,7 +52,7 @@ INSERT INTO public.bench
 SELECT g, g %% 50000, (ARRAY['new', 'paid', 'shipped', 'refunded'])[1 + g %% 4], (g %% 100000) / 100.0, 'EUR',
        '2024-01-01'::timestamptz + g * interval '1 second', '2025-01-01'::timestamptz + g * interval '1 second',
        'user' || g || '@example.com', md5(g::text) || md5((g + 1)::text) || repeat('n', 40), ARRAY[g %% 7, g %% 11]
-FROM generate_series(%s, %s) g
+FROM generate_series(%s::int, %s::int) g
 """
 
 
