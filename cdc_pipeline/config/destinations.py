@@ -24,6 +24,8 @@ SINK_TYPES: dict[str, str] = {
     "parquet": "cdc_pipeline.sinks.parquet:ParquetDestination",
     "http_pull": "cdc_pipeline.sinks.http_pull:HttpPullDestination",
     "kafka": "cdc_pipeline.sinks.kafka:KafkaDestination",
+    "delta": "cdc_pipeline.sinks.delta:DeltaDestination",
+    "iceberg": "cdc_pipeline.sinks.iceberg:IcebergDestination",
 }
 DESTINATION_TYPES: tuple[str, ...] = tuple(SINK_TYPES)
 
