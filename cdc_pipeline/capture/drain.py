@@ -93,6 +93,7 @@ class Drain:
         self.writer = LogWriter(config.state.schema_name, config.source.slot, COPY_CHUNK, config.drain.batch_bytes)
         self.gaps = gap.GapBackfills(config)
         self._shapes: dict[int, RelationShape] = {}
+        self._configured = frozenset(t.qualified for t in config.tables)
         self._stop = threading.Event()
         self._streamed = False  # a replication session of this process got going at least once
         self._phase = "starting"
@@ -360,7 +361,8 @@ class Drain:
 
     def _relation(self, rel: pgoutput.Relation, source: psycopg.Connection, state: psycopg.Connection,
                   write: bool) -> None:
-        self._shapes[rel.relation_id] = learn_relation(rel, source, state, self.config.state.schema_name, write)
+        self._shapes[rel.relation_id] = learn_relation(rel, source, state, self.config.state.schema_name, write,
+                                                       self._configured)
 
     def _annotation(self, msg: pgoutput.LogicalMessage, stats: DrainStats) -> str | None:
         try:
