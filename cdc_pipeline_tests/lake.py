@@ -38,7 +38,10 @@ def read_table(config: PipelineConfig, source_table: str, sink: str = "lake") ->
 
     namespace, _, table = name.rpartition(".")
     catalog = load_catalog(dest, config.state_dsn, config.state.schema_name)
-    return catalog.load_table((namespace, table)).scan().to_arrow()
+    try:
+        return catalog.load_table((namespace, table)).scan().to_arrow()
+    finally:
+        catalog.engine.dispose()
 
 
 def by_key(table: pa.Table, key: str, columns: list[str]) -> dict[Any, tuple[Any, ...]]:

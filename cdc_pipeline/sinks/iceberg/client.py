@@ -181,6 +181,12 @@ class IcebergSink(LakeSink):
         info = conn.info
         self._state = (make_conninfo(info.dsn, password=info.password or None), schema)
 
+    def close(self) -> None:
+        super().close()
+        if self._catalog is not None and hasattr(self._catalog, "engine"):
+            self._catalog.engine.dispose()  # a SQL catalog's pooled connections
+        self._catalog = None
+
     def catalog(self) -> Any:
         if self._catalog is None:
             self._catalog = load_catalog(self.dest, *self._state)

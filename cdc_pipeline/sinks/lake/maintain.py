@@ -74,9 +74,17 @@ def _iceberg(config: PipelineConfig, dest: Any, name: str, retain_hours: float, 
     namespace, _, table_name = name.rpartition(".")
     catalog = load_catalog(dest, config.state_dsn, config.state.schema_name)
     try:
-        table = catalog.load_table((namespace or "default", table_name))
+        return _iceberg_table(catalog, (namespace or "default", table_name), dest, retain_hours, dry_run)
     except NoSuchTableError:
         return {"location": name, "missing": True}
+    finally:
+        if hasattr(catalog, "engine"):
+            catalog.engine.dispose()
+
+
+def _iceberg_table(catalog: Any, ident: tuple[str, str], dest: Any, retain_hours: float,
+                   dry_run: bool) -> dict[str, Any]:
+    table = catalog.load_table(ident)
     files = table.inspect.files()
     before = files.num_rows
     size = sum(files.column("file_size_in_bytes").to_pylist())
@@ -85,7 +93,7 @@ def _iceberg(config: PipelineConfig, dest: Any, name: str, retain_hours: float, 
     if not dry_run:
         older = datetime.now(UTC) - timedelta(hours=retain_hours)
         table.maintenance.expire_snapshots().older_than(older).commit()
-    table = catalog.load_table((namespace or "default", table_name))
+    table = catalog.load_table(ident)
     snapshot = table.current_snapshot()
     return {"location": table.location(), "snapshot": snapshot.snapshot_id if snapshot else None,
             "rows": int(snapshot.summary.additional_properties.get("total-records", 0)) if snapshot and
