@@ -8,7 +8,7 @@ import types
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import annotated_types as at
-from pydantic import AfterValidator, BaseModel
+from pydantic import AfterValidator, BaseModel, SecretStr
 from pydantic.fields import FieldInfo
 
 from cdc_pipeline.config import PipelineConfig
@@ -64,6 +64,8 @@ def type_text(annotation: Any, metadata: list[Any] | None = None) -> str:
         return f"mapping of {type_text(args[0])} to {type_text(args[1])}"
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return f"[{_section_name(annotation)}](#{_anchor(annotation)})"
+    if annotation is SecretStr:
+        return "string (secret)"
     return {str: "string", int: "integer", float: "number", bool: "boolean"}.get(annotation, str(annotation))
 
 
