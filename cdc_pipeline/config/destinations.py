@@ -27,6 +27,7 @@ SINK_TYPES: dict[str, str] = {
     "sqs": "cdc_pipeline.sinks.sqs:SqsDestination",
     "sns": "cdc_pipeline.sinks.sns:SnsDestination",
     "kinesis": "cdc_pipeline.sinks.kinesis:KinesisDestination",
+    "typesense": "cdc_pipeline.sinks.typesense:TypesenseDestination",
 }
 DESTINATION_TYPES: tuple[str, ...] = tuple(SINK_TYPES)
 

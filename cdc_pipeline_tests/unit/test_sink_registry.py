@@ -113,10 +113,10 @@ def test_a_new_sink_type_is_one_package_and_one_registry_line(tmp_path: Path) ->
     assert got["errors"][0] == "cdc.yaml: sinks[0].destination.prefix: required key is missing"
     assert got["errors"][1].endswith(
         "sinks[0].destination.type: must be one of 'postgres', 'webhook', 'redis_stream', 'nats', 'rabbitmq', "
-        "'parquet', 'http_pull', 'echo', 'kafka', 'sqs', 'sns', 'kinesis' (got 'pulsar')")
+        "'parquet', 'http_pull', 'echo', 'kafka', 'sqs', 'sns', 'kinesis', 'typesense' (got 'pulsar')")
     assert got["errors"][2].endswith("sinks[0].destination.type: required key is missing (one of 'postgres', 'webhook', "
                                      "'redis_stream', 'nats', 'rabbitmq', 'parquet', 'http_pull', 'echo', 'kafka', 'sqs', 'sns', "
-                                     "'kinesis')")
+                                     "'kinesis', 'typesense')")
 
 
 def test_registry_lines_name_matching_models_and_builders() -> None:
