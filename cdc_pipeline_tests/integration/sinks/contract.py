@@ -49,8 +49,9 @@ class SinkUnderTest:
 
 
 def pipeline(source_db: Database, write_config: Callable[..., PipelineConfig], sut: SinkUnderTest,
-             poisoned: bool = False, **sink: Any) -> PipelineConfig:
-    """A source table `t (id, g, v)` grouped by `g`, one sink `s` of the type under test; set up."""
+             poisoned: bool = False, grouped: bool = True, **sink: Any) -> PipelineConfig:
+    """A source table `t (id, g, v)` grouped by `g` (else by its key, `id`: no Spark work, so a `deliver`
+    process starts no JVM), one sink `s` of the type under test; set up."""
     source_db.execute("CREATE TABLE t (id int PRIMARY KEY, g int NOT NULL, v text NOT NULL)")
     source_db.execute("ALTER TABLE t REPLICA IDENTITY FULL")  # group_columns beyond the key
     entry = {"name": "s", "tables": ["public.t"], "max_retries": 0, "destination": sut.destination(),
@@ -65,7 +66,7 @@ def pipeline(source_db: Database, write_config: Callable[..., PipelineConfig], s
         "spark": {"master": "local[2]"},
         "drain": {"heartbeat_seconds": 1, "batch_ms": 100},
         "delivery": {"idle_seconds": 0.05, "retry_initial_ms": 100, "retry_max_ms": 500},
-        "tables": [{"name": "public.t", "group_columns": ["g"]}],
+        "tables": [{"name": "public.t", **({"group_columns": ["g"]} if grouped else {})}],
         "sinks": [entry],
     })
     setup(config)
@@ -116,11 +117,11 @@ def first_seen(got: list[Got]) -> list[str]:
     return list(dict.fromkeys(keys(got)))
 
 
-def in_group_order(got: list[Got], log: list[Logged]) -> None:
-    """Each group's messages arrived in commit order (first arrivals)."""
+def in_group_order(got: list[Got], log: list[Logged], by_key: bool = False) -> None:
+    """Each group's messages arrived in commit order (first arrivals); `by_key`: grouped by `id`."""
     arrived = first_seen(got)
-    for group in range(GROUPS):
-        mine = {entry.key for entry in log if entry.group == group}
+    for group in {e.id if by_key else e.group for e in log}:
+        mine = {e.key for e in log if (e.id if by_key else e.group) == group}
         assert [k for k in arrived if k in mine] == [e.key for e in log if e.key in mine], f"group {group}"
 
 

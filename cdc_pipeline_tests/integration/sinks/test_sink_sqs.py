@@ -18,7 +18,7 @@ from cdc_pipeline.sinks import build_sink
 from cdc_pipeline.sinks.base import SinkUnavailable, Unreachable
 from cdc_pipeline.sinks.sqs import SqsDestination
 from cdc_pipeline.sinks.sqs.client import SqsSink
-from cdc_pipeline_tests.integration.test_sinks_brokers import messages
+from cdc_pipeline_tests.integration.sinks.test_sinks_brokers import messages
 from cdc_pipeline_tests.servers import MotoServer, moto_server, unique
 
 

@@ -17,8 +17,8 @@ from cdc_pipeline.sinks import build_sink
 from cdc_pipeline.sinks.base import Sink, SinkUnavailable, Unreachable
 from cdc_pipeline.sinks.kinesis import KinesisDestination
 from cdc_pipeline.sinks.sns import SnsDestination
-from cdc_pipeline_tests.integration.test_sink_sqs import ids_by_group, make_queue, received
-from cdc_pipeline_tests.integration.test_sinks_brokers import messages
+from cdc_pipeline_tests.integration.sinks.test_sink_sqs import ids_by_group, make_queue, received
+from cdc_pipeline_tests.integration.sinks.test_sinks_brokers import messages
 from cdc_pipeline_tests.servers import MotoServer, moto_server, unique
 
 

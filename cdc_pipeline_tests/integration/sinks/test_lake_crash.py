@@ -20,7 +20,7 @@ from cdc_pipeline.admin.setup import setup
 from cdc_pipeline.sinks.lake.fault import ENV
 from cdc_pipeline_tests import processes
 from cdc_pipeline_tests.helpers import wait_until
-from cdc_pipeline_tests.integration.test_crash_recovery import (
+from cdc_pipeline_tests.integration.ops.test_crash_recovery import (
     DDL,
     TABLES,
     finish,
