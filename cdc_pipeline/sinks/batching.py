@@ -42,6 +42,7 @@ class Encoded(NamedTuple):
     target: str  # where the entry goes (a queue, topic, stream or collection): one request per target
     entry: Any  # the request entry
     size: int  # its size as the destination counts it against its limits
+    barrier: bool = False  # sent alone, after every earlier message of the call and before every later one
 
 
 class BatchingSink(Sink):
@@ -105,13 +106,39 @@ class BatchingSink(Sink):
             self.open()
         assert self._runner is not None
         encoded = [self.encode(m) for m in batch]
-        plan = plan_requests([m.group for m in batch],
-                             [e if isinstance(e, str) else e.size for e in encoded], self.limits)
-        results: list[str | None] = [plan.refused.get(i, _PENDING) for i in range(len(batch))]
-        down = self._runner.run(self._send_all(batch, encoded, plan.requests, results))
+        results: list[str | None] = [_PENDING] * len(batch)
+        stopped: set[str] = set()  # groups with a message not acknowledged: their later ones are not sent
+        down: str | None = None
+        for segment, barrier in _segments(encoded):
+            if down is None:
+                down = self._send_segment(batch, encoded, segment, stopped, results)
+            if barrier is not None and down is None:
+                if (g := batch[barrier].group) is not None and g in stopped:
+                    results[barrier] = NOT_SENT
+                else:
+                    down = self._runner.run(self._send_all(batch, encoded, [[barrier]], results))
+            for i in [*segment, *([barrier] if barrier is not None else [])]:
+                if results[i] is _PENDING:
+                    results[i] = Unreachable(f"not sent: {down}")
+                if results[i] is not None and (g := batch[i].group) is not None:
+                    stopped.add(g)
         if down is not None and not any(r is None for r in results):
             raise SinkUnavailable(f"{self.kind} sink {self.name!r}: {down}")
         return results
+
+    def _send_segment(self, batch: Sequence[OutboundMessage], encoded: list[Encoded | str], segment: list[int],
+                      stopped: set[str], results: list[str | None]) -> str | None:
+        """Plan and send the messages of `segment` (indexes); returns why the destination is down, if it is."""
+        groups = [batch[i].group for i in segment]
+        sizes: list[int | str] = [NOT_SENT if g is not None and g in stopped  # stopped in an earlier segment
+                                  else (e if isinstance(e := encoded[i], str) else e.size)
+                                  for i, g in zip(segment, groups, strict=True)]
+        plan = plan_requests(groups, sizes, self.limits)
+        for n, why in plan.refused.items():
+            results[segment[n]] = why
+        requests = [[segment[n] for n in request] for request in plan.requests]
+        assert self._runner is not None
+        return self._runner.run(self._send_all(batch, encoded, requests, results)) if requests else None
 
     async def _send_all(self, batch: Sequence[OutboundMessage], encoded: list[Encoded | str],
                         requests: list[list[int]], results: list[str | None]) -> str | None:
@@ -151,3 +178,17 @@ def _entry(e: Encoded | str) -> Any:
 def _entry_target(e: Encoded | str) -> str:
     assert not isinstance(e, str)
     return e.target
+
+
+def _segments(encoded: list[Encoded | str]) -> list[tuple[list[int], int | None]]:
+    """The call cut at its barriers: (indexes before a barrier, the barrier's index or None at the end)."""
+    out: list[tuple[list[int], int | None]] = []
+    current: list[int] = []
+    for i, e in enumerate(encoded):
+        if not isinstance(e, str) and e.barrier:
+            out.append((current, i))
+            current = []
+        else:
+            current.append(i)
+    out.append((current, None))
+    return out
