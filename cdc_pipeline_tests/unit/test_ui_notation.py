@@ -55,3 +55,17 @@ def test_parked_warning_at_once_then_rate_limited() -> None:
     assert w.due(3, 961.0)
     assert not w.due(0, 962.0) and not w.due(1, 963.0)  # all resolved, then a new one: a minute on
     assert w.due(1, 1021.0)
+
+
+def test_a_dagster_origin_names_the_run_backfill_and_partition() -> None:
+    from cdc_pipeline.core.backfill_origin import dagster_links, dagster_origin, started_by
+
+    origin = dagster_origin("0a1b-2c", None, "qzvxpkwe", "2025-01-02")
+    assert origin == "dagster run 0a1b-2c, dagster backfill qzvxpkwe, partition 2025-01-02"
+    assert dagster_links(origin) == {"dagster_run_id": "0a1b-2c", "dagster_backfill_id": "qzvxpkwe",
+                                     "dagster_partition": "2025-01-02"}
+    retry = dagster_origin("ff01", "0a1b-2c")
+    assert dagster_links(retry)["dagster_run_id"] == "0a1b-2c"  # the first run, which the retry resumes
+    assert started_by(origin, "ff01", "0a1b-2c") and started_by(retry, "0a1b-2c", None)
+    assert not started_by(origin, "ff01", None) and not started_by("cli", "cli", None)
+    assert dagster_links("cli") == {"dagster_run_id": None, "dagster_backfill_id": None, "dagster_partition": None}
