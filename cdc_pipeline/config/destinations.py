@@ -28,6 +28,8 @@ SINK_TYPES: dict[str, str] = {
     "sns": "cdc_pipeline.sinks.sns:SnsDestination",
     "kinesis": "cdc_pipeline.sinks.kinesis:KinesisDestination",
     "typesense": "cdc_pipeline.sinks.typesense:TypesenseDestination",
+    "delta": "cdc_pipeline.sinks.delta:DeltaDestination",
+    "iceberg": "cdc_pipeline.sinks.iceberg:IcebergDestination",
 }
 DESTINATION_TYPES: tuple[str, ...] = tuple(SINK_TYPES)
 

@@ -154,4 +154,9 @@ def render() -> str:
         parts += [f"\n### `{kind}` {{#{_anchor(model)}}}\n\n", f"{doc}\n\n" if doc else "",
                   f"`destination: {{type: {kind}{', ' + required if required else ''}}}`\n\n",
                   table(["key", "type", "default", "description"], _rows(model))]
+        nested: list[type[BaseModel]] = []  # a destination's own sections (an iceberg sink's `catalog`)
+        _collect(model, f"sinks[].destination ({kind}).", nested)
+        for child in nested:
+            parts += [f"\n#### `{_PATHS[child]}` {{#{_anchor(child)}}}\n\n",
+                      table(["key", "type", "default", "description"], _rows(child))]
     return "".join(parts)
