@@ -93,12 +93,17 @@ def wait_caught_up(primary: embedded.EmbeddedPostgres, standby: embedded.Embedde
                what="the standby to replay the primary's WAL")
 
 
-def wait_slot_synced(primary: embedded.EmbeddedPostgres, standby: embedded.EmbeddedPostgres, slot: str) -> None:
-    """The standby holds a usable (synced, not temporary) copy of the failover slot `slot`."""
+def wait_slot_synced(primary: embedded.EmbeddedPostgres, standby: embedded.EmbeddedPostgres, slot: str,
+                     dbname: str = "postgres", consume: bool = False) -> None:
+    """The standby holds a usable (synced, not temporary) copy of the failover slot `slot`. The primary's
+    slot must move past the standby's catalog xmin first: a running drain moves it (its heartbeats), else
+    `consume` reads the slot on the primary here (pg_logical_slot_get_changes)."""
 
     def synced() -> bool:
-        with psycopg.connect(primary.dsn(), autocommit=True) as conn:
+        with psycopg.connect(primary.dsn(dbname), autocommit=True) as conn:
             conn.execute("SELECT pg_log_standby_snapshot()")
+            if consume:
+                conn.execute("SELECT count(*) FROM pg_logical_slot_get_changes(%s, NULL, NULL)", (slot,))
         with psycopg.connect(standby.dsn(), autocommit=True) as conn:
             row = conn.execute("SELECT synced AND NOT temporary FROM pg_replication_slots WHERE slot_name = %s",
                                (slot,)).fetchone()

@@ -16,10 +16,8 @@ def test_failover_slot_survives_a_promotion(major: int) -> None:
             conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
             conn.execute("SELECT pg_create_logical_replication_slot('s1', 'test_decoding', false, false, true)")
             conn.execute("INSERT INTO t VALUES (1)")
-            # Consumed past the standby's replay point: else its copy stays temporary (issue 33's trap).
-            conn.execute("SELECT count(*) FROM pg_logical_slot_get_changes('s1', NULL, NULL)")
-        sb.wait_caught_up(pair.primary, pair.standby)
-        sb.wait_slot_synced(pair.primary, pair.standby, "s1")
+        # Consumed past the standby's replay point: else its copy stays temporary (issue 33's trap).
+        sb.wait_slot_synced(pair.primary, pair.standby, "s1", consume=True)
         with psycopg.connect(pair.primary.dsn(), autocommit=True) as conn:
             conn.execute("INSERT INTO t VALUES (2)")
         sb.wait_caught_up(pair.primary, pair.standby)
