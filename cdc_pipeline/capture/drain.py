@@ -18,6 +18,7 @@ flushed position so the server never times the stream out.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 import uuid
@@ -31,6 +32,7 @@ from psycopg import sql
 from cdc_pipeline.capture import annotations, faults, gap
 from cdc_pipeline.capture.changes import RelationShape, row_change, truncate_row
 from cdc_pipeline.capture.logwriter import LogWriter
+from cdc_pipeline.capture.prefixes import HEARTBEAT_PREFIX, PROBE_PREFIX
 from cdc_pipeline.capture.reconcile import watermark_hooks
 from cdc_pipeline.capture.relations import learn_relation
 from cdc_pipeline.config import PipelineConfig, redact
@@ -43,8 +45,7 @@ from cdc_pipeline.state import retention
 log = logging.getLogger(__name__)
 
 APP_NAME = "cdc_pipeline.drain"
-HEARTBEAT_PREFIX = "cdc_pipeline.heartbeat"
-PROBE_PREFIX = "cdc_pipeline.probe"
+_PROBE_SHAPE = re.compile(rb"[0-9a-f]{32}")  # uuid4().hex: an earlier run's probe, replayed
 COPY_CHUNK = 5000
 # The state session may run a page reconciliation (one statement over a large page): generous, but a
 # hung call still ends. The source session only emits messages and reads the catalog.
@@ -74,6 +75,8 @@ class DrainStats:
     retries: int = 0
     last_error: str | None = None
     gaps: list[str] = field(default_factory=list)
+    # logical messages under one of the pipeline's prefixes whose content could not be used, by prefix
+    skipped_messages: dict[str, int] = field(default_factory=dict)
     extra: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -90,9 +93,11 @@ class Drain:
         self.writer = LogWriter(config.state.schema_name, config.source.slot, COPY_CHUNK, config.drain.batch_bytes)
         self.gaps = gap.GapBackfills(config)
         self._shapes: dict[int, RelationShape] = {}
+        self._configured = frozenset(t.qualified for t in config.tables)
         self._stop = threading.Event()
         self._streamed = False  # a replication session of this process got going at least once
         self._phase = "starting"
+        self._ascii_only = False  # the state database is not UTF-8: annotations must be ASCII to be stored
         self.stats: DrainStats | None = None
 
     def stop(self) -> None:
@@ -173,6 +178,7 @@ class Drain:
                     raise faults.LockStillHeld(f"the drain lock for slot {cfg.source.slot!r} is still held")
                 raise faults.DrainFatal(f"another drain is already running for slot {cfg.source.slot!r}")
             state.commit()
+            self._ascii_only = (state.info.parameter_status("server_encoding") or "UTF8") != "UTF8"
             self._phase = "connecting to the source database"
             source = session.connect(cfg.source.dsn, autocommit=True, application_name=APP_NAME,
                                      statement_timeout_ms=SOURCE_STATEMENT_TIMEOUT_MS)
@@ -308,23 +314,32 @@ class Drain:
                         pending_changes += 1
                         stats.changes += 1
                 elif isinstance(msg, pgoutput.LogicalMessage):
+                    # The logical-message stream is application input: any prefix, content or size. Only
+                    # our own messages act, and content that cannot be used is skipped and counted.
                     prefix = msg.prefix
-                    if prefix == HEARTBEAT_PREFIX:
-                        stats.heartbeats += 1
-                    elif prefix == PROBE_PREFIX:
-                        if msg.content.decode() == probe:
+                    if prefix == PROBE_PREFIX:
+                        if probe is not None and msg.content == probe.encode():
                             # Idle: nothing new since the probe, and no gap backfill still needs this drain.
                             idle = changes_since_probe == 0 and not self.gaps.running()
                             probe = None
+                        elif not _PROBE_SHAPE.fullmatch(msg.content):  # not an earlier drain's probe
+                            self._skip(msg, stats, "not a probe of this pipeline")
                     elif prefix == annotations.ANNOTATIONS_PREFIX:
                         if msg.transactional and in_txn:
-                            note = self._annotation(msg, lsn) or note  # a refused one changes nothing
+                            note = self._annotation(msg, stats) or note  # a refused one changes nothing
+                        else:
+                            self._skip(msg, stats, "not transactional")
                     elif prefix in self.hooks:
                         writer.flush(state)  # hooks see the log up to this point
-                        taken, logged = self.hooks[prefix](msg, lsn, idx, state)
+                        taken, logged = self._hook(msg, lsn if in_txn else msg.lsn, idx, state, stats)
                         hooked = True
                         idx += taken
                         stats.changes += logged
+                    elif prefix == HEARTBEAT_PREFIX:
+                        if msg.content:  # ours are empty
+                            self._skip(msg, stats, "not a heartbeat of this pipeline")
+                        else:
+                            stats.heartbeats += 1
             if not in_txn and pending_end and (
                 pending_changes >= cfg.batch_rows or time.monotonic() - pending_since >= cfg.batch_ms / 1000
                 or idle or self._stop.is_set()
@@ -346,15 +361,37 @@ class Drain:
 
     def _relation(self, rel: pgoutput.Relation, source: psycopg.Connection, state: psycopg.Connection,
                   write: bool) -> None:
-        self._shapes[rel.relation_id] = learn_relation(rel, source, state, self.config.state.schema_name, write)
+        self._shapes[rel.relation_id] = learn_relation(rel, source, state, self.config.state.schema_name, write,
+                                                       self._configured)
+
+    def _annotation(self, msg: pgoutput.LogicalMessage, stats: DrainStats) -> str | None:
+        try:
+            text, refused = annotations.parse(msg.content, ascii_only=self._ascii_only)
+        except Exception as exc:  # noqa: BLE001 - application input never stops the drain
+            text, refused = None, f"unreadable ({type(exc).__name__})"
+        if refused is not None:
+            self._skip(msg, stats, refused)
+        return text
+
+    def _hook(self, msg: pgoutput.LogicalMessage, lsn: int, idx: int, state: psycopg.Connection,
+              stats: DrainStats) -> tuple[int, int]:
+        hook = self.hooks[msg.prefix]
+        before = getattr(hook, "refused", 0)
+        result = hook(msg, lsn, idx, state)
+        refused = getattr(hook, "refused", 0) - before  # the hook logged why
+        if refused:
+            stats.skipped_messages[msg.prefix] = stats.skipped_messages.get(msg.prefix, 0) + refused
+        return result
 
     @staticmethod
-    def _annotation(msg: pgoutput.LogicalMessage, lsn: int) -> str | None:
-        text, refused = annotations.parse(msg.content)
-        if refused is not None:  # the content is the application's: its reason is logged, never the content
-            log.warning("drain: ignored the annotation of the transaction committing at %X/%X (%d bytes): %s",
-                        lsn >> 32, lsn & 0xFFFFFFFF, len(msg.content), refused)
-        return text
+    def _skip(msg: pgoutput.LogicalMessage, stats: DrainStats, why: str) -> None:
+        """A message under one of our prefixes that cannot be used: logged by position and length (the
+        content is the application's, never logged), counted, skipped."""
+        what = ("annotation" if msg.prefix == annotations.ANNOTATIONS_PREFIX
+                else f"logical message under prefix {msg.prefix}")
+        log.warning("drain: ignored the %s at %X/%X (%d bytes): %s", what, msg.lsn >> 32, msg.lsn & 0xFFFFFFFF,
+                    len(msg.content), why)
+        stats.skipped_messages[msg.prefix] = stats.skipped_messages.get(msg.prefix, 0) + 1
 
     @staticmethod
     def _emit(source: psycopg.Connection, prefix: str, content: str) -> int:

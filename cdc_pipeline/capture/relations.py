@@ -14,7 +14,7 @@ import logging
 import psycopg
 
 from cdc_pipeline.capture.changes import RelationShape
-from cdc_pipeline.postgres import catalog, pgoutput
+from cdc_pipeline.postgres import catalog, partitions, pgoutput
 from cdc_pipeline.state.relations import column_record, recorded_primary_key, upsert_relation
 
 log = logging.getLogger(__name__)
@@ -30,10 +30,24 @@ def choose_key(rel: pgoutput.Relation, today: tuple[str, ...], recorded: tuple[s
     return next((k for k in (today, recorded) if k and all(c in names for c in k)), ())
 
 
+def as_configured(rel: pgoutput.Relation, source: psycopg.Connection, configured: frozenset[str]) -> pgoutput.Relation:
+    """A partition's relation under the name of its configured ancestor: a publication without
+    publish_via_partition_root (or changes decoded before `setup` set it) names the leaf partitions."""
+    if not configured or f"{rel.namespace}.{rel.name}" in configured:
+        return rel
+    for ancestor in partitions.ancestors(source, rel.relation_id):
+        if ancestor in configured:
+            namespace, _, name = ancestor.partition(".")
+            return rel._replace(namespace=namespace, name=name)
+    return rel
+
+
 def learn_relation(rel: pgoutput.Relation, source: psycopg.Connection, state: psycopg.Connection,
-                   schema: str, write: bool = True) -> RelationShape:
+                   schema: str, write: bool = True, configured: frozenset[str] = frozenset()) -> RelationShape:
     """Describe the relation, record it in the state schema's `relations` table (unless ``write`` is
-    False: a Relation inside a transaction the log already holds), and return its shape."""
+    False: a Relation inside a transaction the log already holds), and return its shape. A partition of a
+    ``configured`` table is described as that table (as_configured)."""
+    rel = as_configured(rel, source, configured)
     info = catalog.describe_table(source, rel.namespace, rel.name)
     recorded = recorded_primary_key(state, schema, rel.namespace, rel.name)
     key = choose_key(rel, info.primary_key if info else (), recorded)

@@ -97,8 +97,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
-    except Exception as exc:  # one clear line, never a secret
-        print(f"error: {type(exc).__name__}: {redact(str(exc))}", file=sys.stderr)
+    except Exception as exc:  # one clear line, never a secret nor the application's data
+        print(f"error: {type(exc).__name__}: {redact(_without_data(exc))}", file=sys.stderr)
         if settings.verbose:
             raise
         return 1
+
+
+def _without_data(exc: Exception) -> str:
+    """A server's data exception (SQLSTATE class 22) quotes the value in its detail and context lines: only
+    its primary message is shown."""
+    diag = getattr(exc, "diag", None)
+    sqlstate = getattr(exc, "sqlstate", None) or ""
+    if diag is not None and sqlstate.startswith("22"):
+        primary = (diag.message_primary or "").split(': "')[0]  # 'invalid input syntax for type T: "value"'
+        return f"{primary} (SQLSTATE {sqlstate}; the value is not shown)"
+    return str(exc)

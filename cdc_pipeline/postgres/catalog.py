@@ -127,9 +127,13 @@ def publication_tables(conn: psycopg.Connection, publication: str) -> set[str] |
     """The tables in a publication as 'schema.table', or None when it does not exist."""
     if not publication_exists(conn, publication):
         return None
+    # pg_publication_tables lists a partitioned table's leaves unless publish_via_partition_root: the tables
+    # added by name (pg_publication_rel) count as published too.
     rows = conn.execute(
-        "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s", (publication,)
-    ).fetchall()
+        "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s UNION "
+        "SELECT n.nspname, c.relname FROM pg_publication_rel r JOIN pg_publication p ON p.oid = r.prpubid "
+        "JOIN pg_class c ON c.oid = r.prrelid JOIN pg_namespace n ON n.oid = c.relnamespace WHERE p.pubname = %s",
+        (publication, publication)).fetchall()
     return {f"{r[0]}.{r[1]}" for r in rows}
 
 
