@@ -31,9 +31,11 @@ def read_table(config: PipelineConfig, source_table: str, sink: str = "lake") ->
     dest = sink_config.destination
     name = dest.table_for(source_table)
     if dest.type == "delta":
-        from deltalake import DeltaTable
+        from deltalake import DeltaTable, QueryBuilder
 
-        return DeltaTable(f"{dest.path.rstrip('/')}/{name}").to_pyarrow_table()
+        # delta-rs' own reader: pyarrow's dataset of the table fails on a BC date in its statistics
+        table = DeltaTable(f"{dest.path.rstrip('/')}/{name}")
+        return plain(pa.table(QueryBuilder().register("t", table).execute("SELECT * FROM t")))
     from cdc_pipeline.sinks.iceberg.catalog import load_catalog
 
     namespace, _, table = name.rpartition(".")
@@ -50,3 +52,10 @@ def by_key(table: pa.Table, key: str, columns: list[str]) -> dict[Any, tuple[Any
         assert row[key] not in out, f"key {row[key]} twice in the lake table"
         out[row[key]] = tuple(row[c] for c in columns)
     return out
+
+
+def plain(table: pa.Table) -> pa.Table:
+    """View types (what delta-rs' engine returns) as plain strings and binaries."""
+    fields = [pa.field(f.name, pa.string() if pa.types.is_string_view(f.type) else
+                       pa.binary() if pa.types.is_binary_view(f.type) else f.type) for f in table.schema]
+    return table.cast(pa.schema(fields))

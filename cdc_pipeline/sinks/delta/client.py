@@ -8,11 +8,12 @@ sink's marks as transaction identifiers (lake/position.py), so the data and the 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from decimal import Decimal
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake import CommitProperties, DeltaTable, QueryBuilder, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, DeltaProtocolError, TableNotFoundError
 
 from cdc_pipeline.core.positions import Position
@@ -60,14 +61,22 @@ class DeltaTableHandle:
 
     def rows_by_key(self, pk: Sequence[str], keys: list[effects.Key]) -> dict[effects.Key, dict[str, Any]]:
         self.dt.update_incremental()
-        table = self.dt.to_pyarrow_dataset().to_table(filter=_key_filter(pk, keys))
-        return {tuple(r[k] for k in pk): r for r in table.to_pylist()}
+        literal = _in_list(pk, keys)
+        where = f" WHERE {literal}" if literal else ""  # else: every row, filtered here (rare key types)
+        table = self._query(f"SELECT * FROM t{where}")
+        wanted = set(keys)
+        found = {tuple(r[k] for k in pk): r for r in table.to_pylist()}
+        return {k: r for k, r in found.items() if k in wanted}
 
     def keys_between(self, low: Position, high: Position) -> set[str]:
         self.dt.update_incremental()
-        f = (pc.field("commit_lsn") >= low[0]) & (pc.field("commit_lsn") <= high[0])
-        table = self.dt.to_pyarrow_dataset().to_table(columns=["idempotency_key"], filter=f)
+        table = self._query(f"SELECT idempotency_key FROM t WHERE commit_lsn BETWEEN {int(low[0])} AND {int(high[0])}")
         return set(table.column("idempotency_key").to_pylist())
+
+    def _query(self, query: str) -> pa.Table:
+        """Through delta-rs' own engine: pyarrow's dataset of the table turns file statistics into Python dates,
+        which stop at year 1 (a BC date in a column fails the read)."""
+        return pa.table(QueryBuilder().register("t", self.dt).execute(query))  # arro3 -> pyarrow
 
     def _props(self, key: str, marks: position.Marks) -> CommitProperties:
         versions = position.delta_versions(marks)
@@ -98,17 +107,25 @@ class DeltaTableHandle:
                         commit_properties=self._props(key, marks))
 
 
-def _key_filter(pk: Sequence[str], keys: list[effects.Key]) -> pc.Expression:
+def _in_list(pk: Sequence[str], keys: list[effects.Key]) -> str | None:
+    """The keys as a SQL condition of literals; None when a key's type has no plain literal."""
+    lits = [[_sql_literal(v) for v in key] for key in keys]
+    if any(None in parts for parts in lits):
+        return None
     if len(pk) == 1:
-        return pc.field(pk[0]).isin([k[0] for k in keys])
-    expr: pc.Expression | None = None
-    for key in keys:
-        one = pc.field(pk[0]) == key[0]
-        for name, v in zip(pk[1:], key[1:], strict=True):
-            one = one & (pc.field(name) == v)
-        expr = one if expr is None else expr | one
-    assert expr is not None
-    return expr
+        return f"{_quoted(pk[0])} IN ({', '.join(str(parts[0]) for parts in lits)})"
+    return " OR ".join("(" + " AND ".join(f"{_quoted(c)} = {p}" for c, p in zip(pk, parts, strict=True)) + ")"
+                       for parts in lits)  # DataFusion has no row-value IN
+
+
+def _sql_literal(v: Any) -> str | None:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | Decimal):
+        return str(v)
+    if isinstance(v, str):
+        return "'" + v.replace("'", "''") + "'"
+    return None
 
 
 class DeltaSink(LakeSink):

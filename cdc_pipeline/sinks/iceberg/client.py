@@ -163,6 +163,7 @@ def _key_filter(pk: Sequence[str], keys: list[effects.Key]) -> BooleanExpression
 class IcebergSink(LakeSink):
     fmt = "iceberg"
     transient = (OSError, CommitFailedException, SQLAlchemyError)
+    python_calendar = True  # pyiceberg's writer turns each file's min/max into Python dates
 
     def __init__(self, sink_config: Any) -> None:
         super().__init__(sink_config)

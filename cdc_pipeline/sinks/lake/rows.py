@@ -58,12 +58,15 @@ def parse(payload: bytes) -> Parsed:
     return Parsed(position, f"{meta['table_schema']}.{meta['table_name']}", change, meta.get("commit_timestamp"))
 
 
-def check_values(shape: Shape, change: Change) -> str | None:
-    """Why a message's record cannot be written (the column named), or None."""
+def check_values(shape: Shape, change: Change, python_calendar: bool = False) -> str | None:
+    """Why a message's record cannot be written (the column named), or None. `python_calendar`: dates and
+    timestamps must lie in years 1 to 9999 (pyiceberg turns a file's statistics into Python dates)."""
     record, texts = change.record or {}, change.texts or {}
     for name, kind in shape.fields:
         try:
-            values.convert(record.get(name), texts.get(name), kind)
+            value = values.convert(record.get(name), texts.get(name), kind)
+            if python_calendar:
+                values.check_calendar(value, kind)
         except (values.Unrepresentable, ValueError, ArithmeticError) as exc:
             return f"column {name!r} of {shape.source}: {exc} cannot be written as {kind} exactly"
     return None

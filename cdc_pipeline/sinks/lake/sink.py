@@ -42,6 +42,7 @@ class LakeTable(Protocol):
 class LakeSink(Sink):
     fmt: ClassVar[values.Format]
     transient: ClassVar[tuple[type[BaseException], ...]] = (OSError,)  # the format adds its own
+    python_calendar: ClassVar[bool] = False  # dates limited to years 1-9999 (a writer's limit)
 
     def __init__(self, sink_config: Any) -> None:
         self.name = sink_config.name
@@ -132,7 +133,7 @@ class LakeSink(Sink):
         except (ValueError, KeyError, TypeError) as exc:
             return f"{self.fmt} sink {self.name!r}: {type(exc).__name__}: {_first_line(exc)}"
         if p.change.action != "truncate" and (self.append or p.change.action != "delete"):
-            problem = rows.check_values(shapes[p.source], p.change)
+            problem = rows.check_values(shapes[p.source], p.change, self.python_calendar)
             if problem is not None:
                 return problem
         parsed.append(p)

@@ -96,8 +96,8 @@ def convert(value: Any, text: str | None, kind: pa.DataType) -> Any:
     if value is None and text is None:
         return None
     if pa.types.is_list(kind) or pa.types.is_large_list(kind):
-        if text is not None and text.startswith("["):
-            raise Unrepresentable(f"array with lower bounds {text[:text.index('=') + 1]!r}")
+        if text is not None:  # the array's exact text (its elements' JSON is not exact, or it has bounds)
+            return [convert(None, e, kind.value_type) if e is not None else None for e in array_elements(text)]
         if not isinstance(value, list):
             raise Unrepresentable("array expected")
         if any(isinstance(v, list) for v in value):
@@ -107,6 +107,49 @@ def convert(value: Any, text: str | None, kind: pa.DataType) -> Any:
         return text if text is not None else as_text(value)
     raw = text if text is not None else value
     return _scalar(raw, kind)
+
+
+PYTHON_DAYS = (-719_162, 2_932_896)  # 0001-01-01 and 9999-12-31, in days since 1970-01-01
+
+
+def check_calendar(value: Any, kind: pa.DataType) -> None:
+    """Refuse a date or timestamp (or an array's) outside years 1 to 9999."""
+    if isinstance(value, list):
+        for v in value:
+            check_calendar(v, kind.value_type)
+        return
+    if value is None:
+        return
+    days = value if pa.types.is_date(kind) else value // 86_400_000_000 if pa.types.is_timestamp(kind) else None
+    if days is not None and not PYTHON_DAYS[0] <= days <= PYTHON_DAYS[1]:
+        raise Unrepresentable("a date outside years 1 to 9999")
+
+
+def array_elements(text: str) -> list[str | None]:
+    """The elements of a one-dimensional array's text (`{a,"b c",NULL}`); other bounds or dimensions refused."""
+    if text.startswith("["):
+        raise Unrepresentable(f"array with lower bounds {text[:text.find('=') + 1]!r}")
+    if not (text.startswith("{") and text.endswith("}")) or text.startswith("{{"):
+        raise Unrepresentable("array of more than one dimension")
+    out: list[str | None] = []
+    i, body = 0, text[1:-1]
+    while i < len(body):
+        if body[i] == '"':
+            j, chars = i + 1, []
+            while body[j] != '"':
+                if body[j] == "\\":
+                    j += 1
+                chars.append(body[j])
+                j += 1
+            out.append("".join(chars))
+            i = j + 2  # past the quote and the comma
+        else:
+            j = body.find(",", i)
+            j = len(body) if j < 0 else j
+            word = body[i:j]
+            out.append(None if word == "NULL" else word)
+            i = j + 1
+    return out
 
 
 def _scalar(raw: Any, kind: pa.DataType) -> Any:
