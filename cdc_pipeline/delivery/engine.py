@@ -88,6 +88,36 @@ class Staged:
     after: Position | None = None  # where the run starts
 
 
+SEND, AGAIN, STOP = object(), object(), object()  # what a step of the loop says: send a call, loop again, stop
+
+
+@dataclass
+class _Pass:
+    """The loop's state over one session (Deliverer._loop and its steps)."""
+
+    conn: psycopg.Connection  # the state connection: offsets, parking, the send lock
+    loader: psycopg.Connection  # reads and stages the next block meanwhile
+    pool: ThreadPoolExecutor
+    watch: notify.LogWatch | notify.Sleep  # woken when the drain commits new rows
+    window: CallWindow
+    stats: DeliveryStats
+    started: float
+    until_idle: bool
+    seconds: float | None
+    offset: Position  # settled
+    loaded: Position  # the end of the last block read
+    block: int  # the next block's size (FIRST_BATCH)
+    backlog_due: float
+    calls: deque[Call] = field(default_factory=deque)  # cut from the loaded block, not handed to the window yet
+    turn: bool = False  # the send lock is held while calls are outstanding (_turn)
+    ahead: Future[Staged] | None = None
+    idle: bool = False
+    settle_due: float = 0.0  # a wider window settles what is done this often
+
+    def settle(self, settler: Settler, block: bool) -> None:
+        self.offset = settler.settle(self.conn, self.stats, self.window, self.window.settled(block=block), self.offset)
+
+
 class Deliverer:
     def __init__(self, config: PipelineConfig, sink_config: SinkConfig, spark: SparkSession | LazySpark,
                  sink: Sink | None = None, dry_run: bool = False, dry_run_out: IO[str] | None = None,
@@ -223,128 +253,158 @@ class Deliverer:
               until_idle: bool, seconds: float | None) -> Position:
         """Micro-batches until idle (or stopped). The next block is loaded and staged on a second connection
         while the sink gets the current one's calls (calls.py), up to the sink's `calls_in_flight` at once
-        across blocks (call_window.py); settled in order, the offset following the settled prefix."""
+        across blocks (call_window.py); settled in order, the offset following the settled prefix. Each turn:
+        the housekeeping between windows (_between_windows), a block read when no call waits (_read), a call
+        sent (_send)."""
         width = self.sink.calls_in_flight() if self.sink is not None else 1
         window = CallWindow(self.send, width, 2 * self.load_size)
-        calls: deque[Call] = deque()  # cut from the loaded block, not handed to the window yet
-        turn = False  # the send lock is held while calls are outstanding (_turn)
-        ahead: Future[Staged] | None = None
         with session.connect(self.config.state_dsn) as loader, ThreadPoolExecutor(1) as pool, \
                 notify.watching(self.config.state_dsn, self.config.state.schema_name, self._stop, not until_idle,
                                 f"cdc-pipeline deliver {self.lane.name} (listen)") as watch:
-            loaded = offset  # the loader's position: the end of the last block read
-            idle = False
-            block = min(FIRST_BATCH, self.load_size)  # the next block's size (FIRST_BATCH)
-            backlog_due = time.monotonic() + backlog.CHECK_SECONDS
-            settle_due = 0.0  # a wider window settles what is done this often
+            run = _Pass(conn, loader, pool, watch, window, stats, started, until_idle, seconds, offset, offset,
+                        block=min(FIRST_BATCH, self.load_size), backlog_due=time.monotonic() + backlog.CHECK_SECONDS)
             try:
                 while not self._stop.is_set():
-                    if not len(window):  # between sends: what may not happen while calls are out
-                        if turn:
-                            self._give_turn(conn)
-                            turn = False
-                        if seconds is not None and time.monotonic() - started >= seconds:
-                            break
-                        if self.config.state.max_backlog_hours is not None and time.monotonic() >= backlog_due \
-                                and not self.dry_run:  # a long run can fall behind too, not only a starting one
-                            backlog_due = time.monotonic() + backlog.CHECK_SECONDS
-                            new_offset, resync = backlog.enforce(self.config, self.sink_config, self.store, conn,
-                                                                 offset)
-                            conn.commit()
-                            if resync:
-                                if ahead is not None:
-                                    ahead.result()  # staged from the old offset: dropped
-                                    ahead = None
-                                calls.clear()
-                                offset = loaded = new_offset
-                                self._resyncs += backlog.start_resync(self.config, self.sink_config,
-                                                                      list(self.sink_config.tables))
-                        if not self.dry_run:
-                            if self.lane.superseded(conn):  # another process changes the sink's lanes
-                                break
-                            with self._turn(conn) as got:
-                                if got:
-                                    self.parking.retry_due(conn, stats)
-                            if not got:
-                                break
-                            window.reset(self.store.parked_groups(conn, self.sink_config.name, self.lane.lane)
-                                         if self.sink_config.message_grouping else set())
-                            conn.commit()
-                    if not calls:
-                        prefetched = ahead is not None
-                        asked = block  # what this block was read for (a prefetch was asked this much too)
-                        staged = ahead.result() if ahead is not None else self._load_and_stage(loader, loaded, block)
-                        ahead = None
-                        block = min(2 * block, self.load_size)
-                        if staged.batch.num_rows == 0 and staged.run is None:
-                            if len(window):  # settle what is out before looking again
-                                offset = self.settler.settle(conn, stats, window, window.settled(block=True), offset)
-                                continue
-                            if prefetched:  # looked for while the last block was sent: look again before waiting
-                                continue
-                            if until_idle and not any(t.is_alive() for t in self._resyncs):
-                                break
-                            if not idle:  # once per idle spell: what a long-running delivery is waiting for
-                                log.info("sink %s: caught up at %s:%s, waiting for new changes in the log%s",
-                                         self.lane.name, *offset,
-                                         " and its resync backfill" if any(t.is_alive() for t in self._resyncs)
-                                         else "")
-                            idle = True
-                            watch.wait(self.config.delivery.idle_seconds)  # woken by the drain's commit
-                            continue
-                        idle = False
-                        if staged.run is not None:  # relayed from the loader's connection: nothing loads meanwhile
-                            while len(window):
-                                offset = self.settler.settle(conn, stats, window, window.settled(block=True), offset)
-                            if turn:
-                                self._give_turn(conn)
-                                turn = False
-                            with self._turn(conn) as got:
-                                if got:
-                                    offset, fallback = self._relay(conn, loader, staged, stats)
-                            if not got:
-                                break
-                            loaded = staged.last
-                            if fallback is None:
-                                continue
-                            staged = fallback
-                        else:
-                            loaded = staged.last
-                            wait = gather_wait(self.gather, staged.batch.num_rows, asked, until_idle,
-                                               time.monotonic() - started, seconds)
-                            ahead = pool.submit(self._load_and_stage, loader, loaded, block, wait=wait)
-                        calls.extend(self._calls(staged))
-                        if self.dry_run:
-                            offset = self._dry_run(calls, stats) or offset
-                            continue
-                    if not window.room(calls[0]):
-                        offset = self.settler.settle(conn, stats, window, window.make_room(calls[0]), offset)
-                        continue
-                    if not turn:
-                        if not self._take_turn(conn):
-                            break
-                        turn = True
-                    window.submit(calls.popleft())
-                    if width == 1 or time.monotonic() >= settle_due:  # a state commit per call would be the limit
-                        offset = self.settler.settle(conn, stats, window, window.settled(block=False), offset)
-                        settle_due = time.monotonic() + SETTLE_SECONDS
-                    if len(window) and time.monotonic() - window.opened >= HOUSEKEEPING_SECONDS:
-                        while len(window):  # let retries, a replay's turn and a change of lanes in
-                            offset = self.settler.settle(conn, stats, window, window.settled(block=True), offset)
+                    if not len(window) and not self._between_windows(run):
+                        break
+                    step = self._read(run) if not run.calls else SEND
+                    if step is SEND:
+                        step = self._send(run)
+                    if step is STOP:
+                        break
                 while len(window):
-                    offset = self.settler.settle(conn, stats, window, window.settled(block=True), offset)
+                    run.settle(self.settler, block=True)
             except BaseException:
                 window.abandon()  # nothing goes out behind an error, and nothing is settled past it
                 raise
             finally:
                 window.close()
-                if ahead is not None:
+                if run.ahead is not None:
                     with suppress(Exception):
-                        ahead.result()  # let the loader finish before its connection closes
-                if turn:
+                        run.ahead.result()  # let the loader finish before its connection closes
+                if run.turn:
                     with suppress(psycopg.Error):  # an error on the way here is the one to report
                         self._give_turn(conn)
-        return offset
+        return run.offset
+
+    def _between_windows(self, run: _Pass) -> bool:
+        """What may not happen while calls are out: the send lock let go (a replay's turn), the run's time
+        limit, the backlog rule, a change of lanes, the parked messages due; False: stop."""
+        if run.turn:
+            self._give_turn(run.conn)
+            run.turn = False
+        if run.seconds is not None and time.monotonic() - run.started >= run.seconds:
+            return False
+        if self.config.state.max_backlog_hours is not None and time.monotonic() >= run.backlog_due \
+                and not self.dry_run:  # a long run can fall behind too, not only a starting one
+            self._enforce_backlog(run)
+        if self.dry_run:
+            return True
+        if self.lane.superseded(run.conn):  # another process changes the sink's lanes
+            return False
+        with self._turn(run.conn) as got:
+            if got:
+                self.parking.retry_due(run.conn, run.stats)
+        if not got:
+            return False
+        run.window.reset(self.store.parked_groups(run.conn, self.sink_config.name, self.lane.lane)
+                         if self.sink_config.message_grouping else set())
+        run.conn.commit()
+        return True
+
+    def _enforce_backlog(self, run: _Pass) -> None:
+        """state.max_backlog_hours during a run: a row stream too far behind restarts from a resync."""
+        run.backlog_due = time.monotonic() + backlog.CHECK_SECONDS
+        new_offset, resync = backlog.enforce(self.config, self.sink_config, self.store, run.conn, run.offset)
+        run.conn.commit()
+        if resync:
+            if run.ahead is not None:
+                run.ahead.result()  # staged from the old offset: dropped
+                run.ahead = None
+            run.calls.clear()
+            run.offset = run.loaded = new_offset
+            self._resyncs += backlog.start_resync(self.config, self.sink_config, list(self.sink_config.tables))
+
+    def _read(self, run: _Pass) -> object:
+        """The next block (prefetched while the last one was sent; each twice the last, FIRST_BATCH) cut into
+        calls; the next one's read started. SEND: calls wait; AGAIN: nothing to send yet; STOP."""
+        prefetched = run.ahead is not None
+        asked = run.block  # what this block was read for (a prefetch was asked this much too)
+        staged = run.ahead.result() if run.ahead is not None else self._load_and_stage(run.loader, run.loaded,
+                                                                                          run.block)
+        run.ahead = None
+        run.block = min(2 * run.block, self.load_size)
+        if staged.batch.num_rows == 0 and staged.run is None:
+            return self._idle(run, prefetched)
+        run.idle = False
+        if staged.run is not None:  # relayed from the loader's connection: nothing loads meanwhile
+            relayed = self._relay_run(run, staged)
+            if not isinstance(relayed, Staged):
+                return relayed
+            staged = relayed
+        else:
+            run.loaded = staged.last
+            wait = gather_wait(self.gather, staged.batch.num_rows, asked, run.until_idle,
+                               time.monotonic() - run.started, run.seconds)
+            run.ahead = run.pool.submit(self._load_and_stage, run.loader, run.loaded, run.block, wait=wait)
+        run.calls.extend(self._calls(staged))
+        if self.dry_run:
+            run.offset = self._dry_run(run.calls, run.stats) or run.offset
+            return AGAIN
+        return SEND
+
+    def _idle(self, run: _Pass, prefetched: bool) -> object:
+        """An empty block: settle what is out, look again, or wait for changes (STOP: a one-off run is done)."""
+        if len(run.window):  # settle what is out before looking again
+            run.settle(self.settler, block=True)
+            return AGAIN
+        if prefetched:  # looked for while the last block was sent: look again before waiting
+            return AGAIN
+        resyncing = any(t.is_alive() for t in self._resyncs)
+        if run.until_idle and not resyncing:
+            return STOP
+        if not run.idle:  # once per idle spell: what a long-running delivery is waiting for
+            log.info("sink %s: caught up at %s:%s, waiting for new changes in the log%s", self.lane.name,
+                     *run.offset, " and its resync backfill" if resyncing else "")
+        run.idle = True
+        run.watch.wait(self.config.delivery.idle_seconds)  # woken by the drain's commit
+        return AGAIN
+
+    def _relay_run(self, run: _Pass, staged: Staged) -> Staged | object:
+        """A typed run relayed once the window is settled, under the send lock: AGAIN when done, STOP, or the run
+        loaded message by message (a fallback) to send as calls."""
+        while len(run.window):
+            run.settle(self.settler, block=True)
+        if run.turn:
+            self._give_turn(run.conn)
+            run.turn = False
+        with self._turn(run.conn) as got:
+            if got:
+                run.offset, fallback = self._relay(run.conn, run.loader, staged, run.stats)
+        if not got:
+            return STOP
+        run.loaded = staged.last
+        return AGAIN if fallback is None else fallback
+
+    def _send(self, run: _Pass) -> object:
+        """The next call out once the window has room (settling its head meanwhile), under the send lock;
+        what is done settled every SETTLE_SECONDS, and the whole window every HOUSEKEEPING_SECONDS."""
+        window = run.window
+        if not window.room(run.calls[0]):
+            run.offset = self.settler.settle(run.conn, run.stats, window, window.make_room(run.calls[0]), run.offset)
+            return AGAIN
+        if not run.turn:
+            if not self._take_turn(run.conn):
+                return STOP
+            run.turn = True
+        window.submit(run.calls.popleft())
+        if window.width == 1 or time.monotonic() >= run.settle_due:  # a state commit per call would be the limit
+            run.settle(self.settler, block=False)
+            run.settle_due = time.monotonic() + SETTLE_SECONDS
+        if len(window) and time.monotonic() - window.opened >= HOUSEKEEPING_SECONDS:
+            while len(window):  # let retries, a replay's turn and a change of lanes in
+                run.settle(self.settler, block=True)
+        return AGAIN
 
     def _take_turn(self, conn: psycopg.Connection) -> bool:
         """The sink's send lock: a replay holds it for its whole run (delivery/replay.py), so its old versions
