@@ -117,7 +117,8 @@ def test_outage_is_waited_for_and_not_counted(sut: SinkUnderTest, source_db: Dat
     try:
         write(source_db, 1, 5, updates=0)
         drain(config)
-        wait_until(lambda: len(sut.received()) == 5, 60, "the first rows")
+        # settled, not only received: an outage must not cut a call whose acknowledgements are still coming
+        wait_until(lambda: settled(config) == 5 and len(sut.received()) == 5, 60, "the first rows")
         with sut.outage():
             write(source_db, 6, 10, updates=1)
             drain(config)
