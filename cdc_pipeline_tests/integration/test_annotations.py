@@ -35,6 +35,7 @@ def _messages(config, spark) -> list[dict]:  # type: ignore[no-untyped-def]
     return [json.loads(p) for p in via_arrow]
 
 
+@pytest.mark.pg_matrix
 def test_annotated_transactions_carry_their_object_and_bad_ones_are_ignored(
         source_db, db_factory, write_config, spark, caplog):
     dest = db_factory()

@@ -67,7 +67,7 @@ class SqsTarget(Target):
     def __init__(self, moto: MotoServer) -> None:
         self.moto = moto
         self.url = make_queue(moto)
-        self.destination = {"type": "sqs", "queue_url": self.url, "timeout_ms": 3000, **moto.connection()}
+        self.destination = {"type": "sqs", "queue_url": self.url, "timeout_ms": 60000, **moto.connection()}
 
     def stop(self) -> None:
         self.moto.stop()
@@ -86,14 +86,14 @@ class SnsTarget(SqsTarget):
     def __init__(self, moto: MotoServer) -> None:
         self.moto = moto
         arn, self.url = fifo_topic_with_queue(moto)
-        self.destination = {"type": "sns", "topic_arn": arn, "timeout_ms": 3000, **moto.connection()}
+        self.destination = {"type": "sns", "topic_arn": arn, "timeout_ms": 60000, **moto.connection()}
 
 
 class KinesisTarget(Target):
     def __init__(self, moto: MotoServer) -> None:
         self.moto = moto
         self.stream = make_stream(moto, 2)
-        self.destination = {"type": "kinesis", "stream_name": self.stream, "timeout_ms": 3000, **moto.connection()}
+        self.destination = {"type": "kinesis", "stream_name": self.stream, "timeout_ms": 60000, **moto.connection()}
 
     def stop(self) -> None:
         self.moto.stop()
@@ -232,7 +232,7 @@ def test_grouped_stream_survives_deliver_sigkill_and_an_outage(
 def test_typesense_mirror_survives_deliver_sigkill_and_an_outage(
         source_db: Database, write_config: Callable[..., PipelineConfig], typesense: TypesenseServer) -> None:
     config = pipeline(source_db, write_config, {"type": "typesense", "endpoint_url": typesense.url,
-                                                "api_key": TYPESENSE_KEY, "timeout_seconds": 3})
+                                                "api_key": TYPESENSE_KEY, "timeout_seconds": 60})
     run_through_kill_and_outage(config, _Restartable(typesense), source_db)
     docs = typesense.documents("public.acct")
     assert {int(k): d["ver"] for k, d in docs.items()} == dict(source_db.execute("SELECT id, ver FROM acct"))

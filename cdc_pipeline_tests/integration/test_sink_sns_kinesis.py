@@ -86,7 +86,7 @@ def test_sns_too_large_parked_routes_and_outage(moto: MotoServer) -> None:
     big["record"]["name"] = "x" * 270_000
     batch[3].payload = json.dumps(big).encode()  # group g0
     batch[8].route = "no such topic!"
-    sink = sink_of(SnsDestination(topic_arn=arn, timeout_ms=2000, **moto.connection()))
+    sink = sink_of(SnsDestination(topic_arn=arn, **moto.connection()))
     try:
         results = deliver_in_order(sink, batch)
         assert "too large" in str(results[3]) and not isinstance(results[3], Unreachable)
@@ -131,7 +131,7 @@ def test_kinesis_limits_checked_before_sending_and_outage(moto: MotoServer) -> N
     big = json.loads(batch[2].payload)
     big["record"]["name"] = "x" * 1_100_000
     batch[2].payload = json.dumps(big).encode()  # group g0
-    sink = sink_of(KinesisDestination(stream_name=stream, timeout_ms=2000, **moto.connection()))
+    sink = sink_of(KinesisDestination(stream_name=stream, **moto.connection()))
     try:
         results = deliver_in_order(sink, batch)
         assert "too large" in str(results[2]) and "1048576" in str(results[2])

@@ -123,7 +123,7 @@ def test_standard_queue_and_routes(moto: MotoServer) -> None:
 
 def test_outage_server_stopped_is_waited_for_and_delivery_resumes(moto: MotoServer) -> None:
     url = make_queue(moto)
-    sink = sqs_sink(moto, url, timeout_ms=2000)
+    sink = sqs_sink(moto, url)
     try:
         assert sink.deliver(messages(10)) == [None] * 10
         moto.stop()

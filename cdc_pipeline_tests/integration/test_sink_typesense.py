@@ -105,7 +105,7 @@ def test_outage_server_stopped_is_waited_for_then_delivery_resumes(tmp_path: Pat
     server = TypesenseServer(tmp_path / "data")
     server.start()
     name = unique("c")
-    sink = sink_of(server, collection_name=name, timeout_seconds=3)
+    sink = sink_of(server, collection_name=name)
     try:
         assert sink.deliver([change(n, n) for n in range(3)]) == [None] * 3
         server.stop()
