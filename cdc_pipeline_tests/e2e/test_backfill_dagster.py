@@ -17,7 +17,7 @@ from cdc_pipeline.defs.backfill import CHECK_NAME, backfill_job_name
 from cdc_pipeline.defs.tags import BACKFILL_TAGS
 from cdc_pipeline.state.backfills import BackfillStore
 from cdc_pipeline_tests.helpers import deliver, rows
-from cdc_pipeline_tests.integration.test_backfill import backfill_config, drain_running, log_reads
+from cdc_pipeline_tests.integration.backfill.test_backfill import backfill_config, drain_running, log_reads
 
 
 def _defs(path: Path):  # type: ignore[no-untyped-def]
