@@ -78,7 +78,7 @@ def sink_figures(pipeline: PipelineConfig, sink: SinkConfig) -> dict[str, Any]:
         backlog = store.backlog(conn, sink.tables, offset, sink.name, BACKLOG_LIMIT) if age is not None else 0
         delivered = store.delivered_total(conn, sink.name)
         parked = store.failed_summary(conn, sink.name)
-    return {"offset": f"{offset[0]}:{offset[1]}", "lag_messages": backlog,
+    return {"offset": f"{offset[0]}:{offset[1]}", "offset_lsn": position_lsn_text(offset), "lag_messages": backlog,
             "lag_seconds": round(age or 0.0, 3), "delivered_total": delivered,
             **parked, "backlog_error": backlog_problem(pipeline, sink, age)}
 

@@ -123,7 +123,7 @@ def test_killed_sessions_mid_run_are_ridden_through_from_the_checkpoint(source_d
     setup(config)
     defs = _defs(tmp_path / "cdc.yaml")
     job = defs.resolve_job_def(backfill_job_name(config.tables[0]))
-    asset = defs.resolve_assets_def(AssetKey(["cdc", "snapshot", "public", "big"]))
+    asset = defs.resolve_assets_def(AssetKey(["cdc", "snapshot", "public", "big_snapshot"]))
     store = BackfillStore("cdc_pipeline")
     killed: dict[str, int] = {}
 

@@ -19,7 +19,7 @@ from cdc_pipeline_tests.helpers import mirror_config, rows, wait_until
 from cdc_pipeline_tests.integration.backfill.test_backfill import drain_running
 
 LOG, SINK = AssetKey(["cdc", "change_log"]), AssetKey(["sink", "mirror"])
-SNAPSHOT = AssetKey(["cdc", "snapshot", "public", "t"])
+SNAPSHOT = AssetKey(["cdc", "snapshot", "public", "t_snapshot"])
 
 
 def _defs(path: Path) -> Any:

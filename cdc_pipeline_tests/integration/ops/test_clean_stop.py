@@ -192,10 +192,17 @@ def test_demo_stops_everything_it_started(tmp_path: Path) -> None:
     """SIGTERM (a process manager, `timeout`): `dagster dev` (daemon, webserver, code server, run workers,
     their JVMs) and the embedded cluster stop, and it exits 0."""
     with _demo_running(tmp_path) as (proc, log, started):
+        root = Path(re.search(r"^config: (.+)/cdc\.yaml$", log.read_text(), re.M).group(1))  # type: ignore[union-attr]
+        wait_until(lambda: "the drain run is streaming" in log.read_text(), 300, "the drain run")
         proc.send_signal(signal.SIGTERM)
         proc.wait(180)
-    assert proc.returncode == 0, log.read_text()[-3000:]
+    out = log.read_text()
+    assert proc.returncode == 0, out[-3000:]
     assert_none_left(started, 60)
+    # The runs were terminated as the UI does (Canceled, not Failure), and the folder is gone (no --keep).
+    ended = re.search(r"runs ended: (.+)$", out, re.M)
+    assert ended and "cdc_drain CANCELED" in ended[1] and "FAILURE" not in ended[1], out[-3000:]
+    assert not root.exists() and f"removed the demo's folder {root}" in out
 
 
 def test_demo_ctrl_c_then_a_closing_terminal_forces(tmp_path: Path) -> None:
