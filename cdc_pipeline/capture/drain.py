@@ -28,17 +28,20 @@ from datetime import datetime
 import psycopg
 from psycopg import sql
 
-from cdc_pipeline.capture import annotations, faults, gap
-from cdc_pipeline.capture.changes import RelationShape, row_change, truncate_row
+from cdc_pipeline.admin import ddl_capture
+from cdc_pipeline.admin.ddl_capture import DDL_PREFIX
+from cdc_pipeline.capture import annotations, faults, gap, rereads
+from cdc_pipeline.capture.changes import LogRow, RelationShape, row_change, truncate_row
 from cdc_pipeline.capture.logwriter import LogWriter
 from cdc_pipeline.capture.reconcile import watermark_hooks
-from cdc_pipeline.capture.relations import learn_relation
+from cdc_pipeline.capture.relations import as_configured, learn_relation
+from cdc_pipeline.capture.schema_changes import SchemaChanges
 from cdc_pipeline.config import PipelineConfig, redact
 from cdc_pipeline.core.backoff import next_delay_ms
 from cdc_pipeline.postgres import catalog, pgoutput, session
 from cdc_pipeline.postgres.replication import Keepalive, ReplicationStream, XLogData, status_interval
 from cdc_pipeline.postgres.session import SESSION_OPTIONS as SESSION_OPTIONS  # re-exported
-from cdc_pipeline.state import retention
+from cdc_pipeline.state import relations, retention
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +94,9 @@ class Drain:
         self.gaps = gap.GapBackfills(config)
         self._shapes: dict[int, RelationShape] = {}
         self._configured = frozenset(t.qualified for t in config.tables)
+        self.ddl = SchemaChanges(self._configured, config.source.publication, config.state.schema_name)
         self._stop = threading.Event()
+        self._source: psycopg.Connection | None = None
         self._streamed = False  # a replication session of this process got going at least once
         self._phase = "starting"
         self.stats: DrainStats | None = None
@@ -178,6 +183,8 @@ class Drain:
             source = session.connect(cfg.source.dsn, autocommit=True, application_name=APP_NAME,
                                      statement_timeout_ms=SOURCE_STATEMENT_TIMEOUT_MS)
             committed = self._prepare(source, state, stats)
+            self.ddl.key = ddl_capture.load_key(source, cfg)  # None: catalog mode (admin/ddl_capture.py)
+            self._source = source
             self._phase = "starting replication"
             stream = ReplicationStream(cfg.source.dsn, cfg.source.slot, cfg.source.publication, committed)
             self._streamed = True
@@ -293,7 +300,11 @@ class Drain:
                 elif isinstance(msg, pgoutput.Relation):
                     # Before the skip: the server sends a relation once per session, so one inside a
                     # skipped transaction still describes the changes of the transactions after it.
-                    self._relation(msg, source, state, write=not skipping)
+                    row = self._relation(msg, source, state, not skipping, (lsn, idx, xid, ts, note))
+                    if row is not None:  # a schema change seen by comparison (catalog mode)
+                        writer.add(row, state)
+                        idx += 1
+                        pending_changes += 1
                 elif skipping:
                     continue
                 elif isinstance(msg, (pgoutput.Insert, pgoutput.Update, pgoutput.Delete)):
@@ -320,6 +331,13 @@ class Drain:
                     elif prefix == annotations.ANNOTATIONS_PREFIX:
                         if msg.transactional and in_txn:
                             note = self._annotation(msg, lsn) or note  # a refused one changes nothing
+                    elif prefix == DDL_PREFIX:
+                        row = self.ddl.row(msg.content, (lsn, idx, xid, ts, note), source, state) \
+                            if msg.transactional and in_txn else None
+                        if row is not None:
+                            writer.add(row, state)
+                            idx += 1
+                            pending_changes += 1
                     elif prefix in self.hooks:
                         writer.flush(state)  # hooks see the log up to this point
                         taken, logged = self.hooks[prefix](msg, lsn, idx, state)
@@ -343,12 +361,24 @@ class Drain:
         stats.committed_lsn = end_lsn
         # Only now may the server forget these transactions.
         stream.send_status(end_lsn)
+        if self.ddl.rereads and self._source is not None:  # rows a schema change rewrote unseen: read again
+            rereads.register(self.config, self._source, self.ddl.rereads, end_lsn)
+            self.ddl.rereads.clear()
+            self.gaps.start(state)
         return end_lsn
 
     def _relation(self, rel: pgoutput.Relation, source: psycopg.Connection, state: psycopg.Connection,
-                  write: bool) -> None:
-        self._shapes[rel.relation_id] = learn_relation(rel, source, state, self.config.state.schema_name, write,
-                                                       self._configured)
+                  write: bool, at: tuple[int, int, int, datetime | None, str | None]) -> LogRow | None:
+        schema = self.config.state.schema_name
+        rel = as_configured(rel, source, self._configured, lambda rid: relations.name_of_relation(state, schema, rid))
+        table = f"{rel.namespace}.{rel.name}"
+        recorded = relations.relation_columns(state, schema).get(table) if write and self.ddl.key is None else None
+        self._shapes[rel.relation_id] = learn_relation(rel, source, state, schema, write)
+        if recorded is None or table not in self._configured or at[3] is None:
+            return None
+        now = [(c.name, t, c.type_oid) for c, t in zip(rel.columns, catalog.format_types(
+            source, [(c.type_oid, c.type_modifier) for c in rel.columns]), strict=True)]
+        return self.ddl.catalog_row(table, recorded, now, (at[0], at[1], at[2], at[3], at[4]), source, state)
 
     @staticmethod
     def _annotation(msg: pgoutput.LogicalMessage, lsn: int) -> str | None:
