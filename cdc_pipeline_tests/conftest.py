@@ -2,6 +2,7 @@
 
 PostgreSQL: the cluster named by CDC_TEST_PG_DSN (must have wal_level=logical and allow CREATE
 DATABASE), else a throwaway cluster this session starts and removes. Every test gets its own database.
+A test marked `pg_matrix` runs on every major version of `pg_versions.selected_majors()` (see pg_versions).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from psycopg import conninfo, sql
 
 from cdc_pipeline.config import PipelineConfig, load_config
 from cdc_pipeline.postgres import embedded
+from cdc_pipeline_tests import pg_versions
 
 
 @pytest.fixture(scope="session")
@@ -33,6 +35,53 @@ def pg_admin_dsn() -> Iterator[str]:
         yield cluster.dsn()
     finally:
         cluster.destroy()
+
+
+@pytest.fixture(scope="session")
+def pg_clusters(pg_admin_dsn: str) -> Iterator[pg_versions.Clusters]:
+    clusters = pg_versions.Clusters(pg_admin_dsn)
+    try:
+        yield clusters
+    finally:
+        clusters.close()
+
+
+@pytest.fixture(scope="session")
+def pg_major() -> int | None:
+    """The major version a `pg_matrix` test runs on (parametrized per module); None: the session's cluster."""
+    return None
+
+
+@pytest.fixture(scope="module")
+def pg_server(pg_major: int | None, pg_clusters: pg_versions.Clusters) -> str:
+    """Admin DSN of the cluster this test's databases live on."""
+    return pg_clusters.admin_dsn(pg_major)
+
+
+@pytest.fixture(scope="module")
+def pg_dest_server(pg_major: int | None, pg_server: str, pg_clusters: pg_versions.Clusters) -> str:
+    """Admin DSN for destination databases: the test's cluster, except on a version whose server cannot be
+    the Postgres sink's destination (its MERGE needs 15+): there the session's cluster."""
+    major = pg_clusters.default_major if pg_major is None else pg_major
+    return pg_server if major >= pg_versions.MIN_DESTINATION_MAJOR else pg_clusters.default_dsn
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "pg_matrix: runs once per PostgreSQL major version (CDC_TEST_PG_VERSIONS), id [pgNN]")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if metafunc.definition.get_closest_marker("pg_matrix"):
+        majors = pg_versions.selected_majors()
+        # Module scope: a module's fixtures built on `pg_server` (a shared source, a cluster of its own)
+        # are made once per version, and the tests run grouped by version.
+        metafunc.parametrize("pg_major", majors, ids=[f"pg{m}" for m in majors], scope="module")
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    return [f"pg_matrix versions: {pg_versions.selected_majors()} (CDC_TEST_PG_VERSIONS); "
+            f"other tests on the session cluster ({embedded.PG_BIN} or CDC_TEST_PG_DSN)"]
 
 
 class Database:
@@ -60,29 +109,37 @@ def _drop(admin_dsn: str, name: str) -> None:
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
-@pytest.fixture
-def db_factory(pg_admin_dsn: str) -> Iterator[Callable[..., Database]]:
-    made: list[str] = []
-
+def _database_factory(server: str, made: list[str]) -> Callable[..., Database]:
     def make(encoding: str | None = None) -> Database:
         name = f"t_{uuid.uuid4().hex[:12]}"
-        with psycopg.connect(pg_admin_dsn, autocommit=True) as conn:
+        with psycopg.connect(server, autocommit=True) as conn:
             if encoding is None:
                 conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
             else:  # another encoding needs the C locale and template0
                 conn.execute(sql.SQL("CREATE DATABASE {} ENCODING {} LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0")
                              .format(sql.Identifier(name), sql.Literal(encoding)))
         made.append(name)
-        return Database(pg_admin_dsn, name)
+        return Database(server, name)
 
-    yield make
-    for name in made:
-        _drop(pg_admin_dsn, name)
+    return make
 
 
 @pytest.fixture
-def source_db(db_factory: Callable[[], Database]) -> Database:
-    return db_factory()
+def db_factory(pg_dest_server: str) -> Iterator[Callable[..., Database]]:
+    """Databases for destinations (and separate state): on the test's cluster (see `pg_dest_server`)."""
+    made: list[str] = []
+    yield _database_factory(pg_dest_server, made)
+    for name in made:
+        _drop(pg_dest_server, name)
+
+
+@pytest.fixture
+def source_db(pg_server: str) -> Iterator[Database]:
+    """The source database, on the test's cluster (of the `pg_matrix` version)."""
+    made: list[str] = []
+    yield _database_factory(pg_server, made)()
+    for name in made:
+        _drop(pg_server, name)
 
 
 @pytest.fixture

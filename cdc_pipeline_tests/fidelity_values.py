@@ -179,6 +179,22 @@ USER = Table("fid_user", (
 
 TABLES = (NUMBERS, TEXTS, TIMES, NETGEO, RANGES, ARRAYS, USER)
 
+# PostgreSQL 14's interval input refuses the extremes 15 takes (its hours field stops at 2^31 - 1): there
+# those cells are the largest it reads (and prints: -2147483648 hours prints as "--2147483648:00:00" on 14).
+_PG14_CELLS = {
+    "2147483647 mons 2147483647 days 2562047788:00:54.775807": "2147483647 mons 2147483647 days 2147483647 hours",
+    "-2147483648 mons -2147483648 days -2562047788 hours -54.775807 seconds":
+        "-2147483647 mons -2147483647 days -2147483647 hours",
+}
+
+
+def tables_for(major: int) -> tuple[Table, ...]:
+    """TABLES as a server of `major` can hold them."""
+    if major >= 15:
+        return TABLES
+    return tuple(Table(t.name, t.columns, tuple(tuple(_PG14_CELLS.get(c, c) if isinstance(c, str) else c
+                                                      for c in row) for row in t.rows)) for t in TABLES)
+
 
 def _cell(value: Cell) -> sql.Composable:
     if value is None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from cdc_pipeline.core.backfill_origin import dagster_links
 from cdc_pipeline.state.backfills import BackfillInfo, BackfillSpec
 
 DRAIN_SENSOR = "cdc_drain_sensor"
@@ -101,4 +102,8 @@ def describe_backfill(info: BackfillInfo, drain_warning: str = "") -> str:
         text = (f"{head}; {info.pages} pages checkpointed, {info.rows_read} rows read, {info.rows_dropped} dropped "
                 f"as stale, {info.pages_staged} pages in flight; cursor {info.cursor}; checkpoint at "
                 f"{info.checkpoint_at:%Y-%m-%d %H:%M:%S}")
+    links = dagster_links(info.origin)
+    if links["dagster_run_id"]:
+        text += f"; dagster run {links['dagster_run_id']}" + (
+            f" of dagster backfill {links['dagster_backfill_id']}" if links["dagster_backfill_id"] else "")
     return text + (f"; WARNING: {drain_warning}" if drain_warning else "")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
@@ -56,19 +57,50 @@ def mac(key: str, body: dict[str, object]) -> str:
     return hmac.new(key.encode(), canonical, hashlib.sha256).hexdigest()
 
 
+# Ours are a few hundred bytes; anything else under the prefix is the application's and is never parsed at
+# length. Fields are checked for the shape ours have before any reaches a query (a backfill id is bf_ + hex).
+MAX_BYTES = 4096
+_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+_TOKEN = re.compile(r"[0-9a-f]{1,64}")
+_PAGE_MAX = 2**31 - 1
+_XID8_MAX = 2**64 - 1
+
+
+def _field(body: dict[str, object], name: str, pattern: re.Pattern[str]) -> str | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str) or pattern.fullmatch(value) is None:
+        raise ValueError(name)
+    return value
+
+
+def _bounded(value: object, top: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or len(str(value)) > 20:
+        raise ValueError("not a bounded integer")
+    number = int(value)
+    if not 0 <= number <= top:
+        raise ValueError("out of range")
+    return number
+
+
 def decode(content: bytes | str) -> Watermark | None:
-    """The watermark in a logical message's content, or None if it is not one of ours. Not yet authenticated:
-    check it with ``verify`` and the backfill's key."""
+    """The watermark in a logical message's content, or None if it is not one of ours (any content: this is
+    the application's input, so nothing here raises). Not yet authenticated: check it with ``verify`` and
+    the backfill's key."""
+    if len(content) > MAX_BYTES:
+        return None
     try:
         body = json.loads(content)
-        kind = body["kind"]
-        if kind not in ("low", "high"):
+        if not isinstance(body, dict) or body.get("kind") not in ("low", "high"):
+            return None
+        backfill_id = _field(body, "id", _ID)
+        if backfill_id is None:
             return None
         xid = body.get("xid")
-        token = body.get("token")
-        return Watermark(str(body["id"]), int(body["page"]), kind, int(xid) if xid is not None else None,
-                         str(token) if token is not None else None)
-    except (ValueError, KeyError, TypeError):
+        return Watermark(backfill_id, _bounded(body.get("page"), _PAGE_MAX), body["kind"],
+                         _bounded(xid, _XID8_MAX) if xid is not None else None, _field(body, "token", _TOKEN))
+    except (ValueError, KeyError, TypeError, RecursionError):
         return None
 
 
@@ -76,7 +108,7 @@ def verify(content: bytes | str, mark: Watermark, key: str) -> bool:
     """Whether ``content`` carries a valid HMAC of exactly ``mark``'s fields under ``key``."""
     try:
         given = json.loads(content).get("mac")
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):
         return False
     return isinstance(given, str) and hmac.compare_digest(given, mac(key, mark.body()))
 

@@ -18,6 +18,7 @@ flushed position so the server never times the stream out.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 import uuid
@@ -30,24 +31,23 @@ from psycopg import sql
 
 from cdc_pipeline.admin import ddl_capture
 from cdc_pipeline.admin.ddl_capture import DDL_PREFIX
-from cdc_pipeline.capture import annotations, faults, gap, rereads
+from cdc_pipeline.capture import annotations, faults, gap
 from cdc_pipeline.capture.changes import LogRow, RelationShape, row_change, truncate_row
 from cdc_pipeline.capture.logwriter import LogWriter
+from cdc_pipeline.capture.prefixes import HEARTBEAT_PREFIX, PROBE_PREFIX
 from cdc_pipeline.capture.reconcile import watermark_hooks
-from cdc_pipeline.capture.relations import as_configured, learn_relation
 from cdc_pipeline.capture.schema_changes import SchemaChanges
 from cdc_pipeline.config import PipelineConfig, redact
 from cdc_pipeline.core.backoff import next_delay_ms
 from cdc_pipeline.postgres import catalog, pgoutput, session
 from cdc_pipeline.postgres.replication import Keepalive, ReplicationStream, XLogData, status_interval
 from cdc_pipeline.postgres.session import SESSION_OPTIONS as SESSION_OPTIONS  # re-exported
-from cdc_pipeline.state import relations, retention
+from cdc_pipeline.state import retention
 
 log = logging.getLogger(__name__)
 
 APP_NAME = "cdc_pipeline.drain"
-HEARTBEAT_PREFIX = "cdc_pipeline.heartbeat"
-PROBE_PREFIX = "cdc_pipeline.probe"
+_PROBE_SHAPE = re.compile(rb"[0-9a-f]{32}")  # uuid4().hex: an earlier run's probe, replayed
 COPY_CHUNK = 5000
 # The state session may run a page reconciliation (one statement over a large page): generous, but a
 # hung call still ends. The source session only emits messages and reads the catalog.
@@ -77,6 +77,8 @@ class DrainStats:
     retries: int = 0
     last_error: str | None = None
     gaps: list[str] = field(default_factory=list)
+    # logical messages under one of the pipeline's prefixes whose content could not be used, by prefix
+    skipped_messages: dict[str, int] = field(default_factory=dict)
     extra: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -99,6 +101,7 @@ class Drain:
         self._source: psycopg.Connection | None = None
         self._streamed = False  # a replication session of this process got going at least once
         self._phase = "starting"
+        self._ascii_only = False  # the state database is not UTF-8: annotations must be ASCII to be stored
         self.stats: DrainStats | None = None
 
     def stop(self) -> None:
@@ -179,6 +182,7 @@ class Drain:
                     raise faults.LockStillHeld(f"the drain lock for slot {cfg.source.slot!r} is still held")
                 raise faults.DrainFatal(f"another drain is already running for slot {cfg.source.slot!r}")
             state.commit()
+            self._ascii_only = (state.info.parameter_status("server_encoding") or "UTF8") != "UTF8"
             self._phase = "connecting to the source database"
             source = session.connect(cfg.source.dsn, autocommit=True, application_name=APP_NAME,
                                      statement_timeout_ms=SOURCE_STATEMENT_TIMEOUT_MS)
@@ -320,30 +324,41 @@ class Drain:
                         pending_changes += 1
                         stats.changes += 1
                 elif isinstance(msg, pgoutput.LogicalMessage):
+                    # The logical-message stream is application input: any prefix, content or size. Only
+                    # our own messages act, and content that cannot be used is skipped and counted.
                     prefix = msg.prefix
-                    if prefix == HEARTBEAT_PREFIX:
-                        stats.heartbeats += 1
-                    elif prefix == PROBE_PREFIX:
-                        if msg.content.decode() == probe:
+                    if prefix == PROBE_PREFIX:
+                        if probe is not None and msg.content == probe.encode():
                             # Idle: nothing new since the probe, and no gap backfill still needs this drain.
                             idle = changes_since_probe == 0 and not self.gaps.running()
                             probe = None
+                        elif not _PROBE_SHAPE.fullmatch(msg.content):  # not an earlier drain's probe
+                            self._skip(msg, stats, "not a probe of this pipeline")
                     elif prefix == annotations.ANNOTATIONS_PREFIX:
                         if msg.transactional and in_txn:
-                            note = self._annotation(msg, lsn) or note  # a refused one changes nothing
-                    elif prefix == DDL_PREFIX:
+                            note = self._annotation(msg, stats) or note  # a refused one changes nothing
+                        else:
+                            self._skip(msg, stats, "not transactional")
+                    elif prefix == DDL_PREFIX:  # schema changes from the source's event trigger
                         row = self.ddl.row(msg.content, (lsn, idx, xid, ts, note), source, state) \
-                            if msg.transactional and in_txn else None
-                        if row is not None:
+                            if msg.transactional and in_txn else "not transactional"
+                        if isinstance(row, str):
+                            self._skip(msg, stats, row)
+                        elif row is not None:
                             writer.add(row, state)
                             idx += 1
                             pending_changes += 1
                     elif prefix in self.hooks:
                         writer.flush(state)  # hooks see the log up to this point
-                        taken, logged = self.hooks[prefix](msg, lsn, idx, state)
+                        taken, logged = self._hook(msg, lsn if in_txn else msg.lsn, idx, state, stats)
                         hooked = True
                         idx += taken
                         stats.changes += logged
+                    elif prefix == HEARTBEAT_PREFIX:
+                        if msg.content:  # ours are empty
+                            self._skip(msg, stats, "not a heartbeat of this pipeline")
+                        else:
+                            stats.heartbeats += 1
             if not in_txn and pending_end and (
                 pending_changes >= cfg.batch_rows or time.monotonic() - pending_since >= cfg.batch_ms / 1000
                 or idle or self._stop.is_set()
@@ -362,31 +377,43 @@ class Drain:
         # Only now may the server forget these transactions.
         stream.send_status(end_lsn)
         if self.ddl.rereads and self._source is not None:  # rows a schema change rewrote unseen: read again
-            rereads.register(self.config, self._source, self.ddl.rereads, end_lsn)
-            self.ddl.rereads.clear()
-            self.gaps.start(state)
+            self.ddl.start_rereads(self.config, self._source, state, self.gaps, end_lsn)
         return end_lsn
 
     def _relation(self, rel: pgoutput.Relation, source: psycopg.Connection, state: psycopg.Connection,
                   write: bool, at: tuple[int, int, int, datetime | None, str | None]) -> LogRow | None:
-        schema = self.config.state.schema_name
-        rel = as_configured(rel, source, self._configured, lambda rid: relations.name_of_relation(state, schema, rid))
-        table = f"{rel.namespace}.{rel.name}"
-        recorded = relations.relation_columns(state, schema).get(table) if write and self.ddl.key is None else None
-        self._shapes[rel.relation_id] = learn_relation(rel, source, state, schema, write)
-        if recorded is None or table not in self._configured or at[3] is None:
-            return None
-        now = [(c.name, t, c.type_oid) for c, t in zip(rel.columns, catalog.format_types(
-            source, [(c.type_oid, c.type_modifier) for c in rel.columns]), strict=True)]
-        return self.ddl.catalog_row(table, recorded, now, (at[0], at[1], at[2], at[3], at[4]), source, state)
+        shape, row = self.ddl.on_relation(rel, source, state, write, at)
+        self._shapes[rel.relation_id] = shape
+        return row
+
+    def _annotation(self, msg: pgoutput.LogicalMessage, stats: DrainStats) -> str | None:
+        try:
+            text, refused = annotations.parse(msg.content, ascii_only=self._ascii_only)
+        except Exception as exc:  # noqa: BLE001 - application input never stops the drain
+            text, refused = None, f"unreadable ({type(exc).__name__})"
+        if refused is not None:
+            self._skip(msg, stats, refused)
+        return text
+
+    def _hook(self, msg: pgoutput.LogicalMessage, lsn: int, idx: int, state: psycopg.Connection,
+              stats: DrainStats) -> tuple[int, int]:
+        hook = self.hooks[msg.prefix]
+        before = getattr(hook, "refused", 0)
+        result = hook(msg, lsn, idx, state)
+        refused = getattr(hook, "refused", 0) - before  # the hook logged why
+        if refused:
+            stats.skipped_messages[msg.prefix] = stats.skipped_messages.get(msg.prefix, 0) + refused
+        return result
 
     @staticmethod
-    def _annotation(msg: pgoutput.LogicalMessage, lsn: int) -> str | None:
-        text, refused = annotations.parse(msg.content)
-        if refused is not None:  # the content is the application's: its reason is logged, never the content
-            log.warning("drain: ignored the annotation of the transaction committing at %X/%X (%d bytes): %s",
-                        lsn >> 32, lsn & 0xFFFFFFFF, len(msg.content), refused)
-        return text
+    def _skip(msg: pgoutput.LogicalMessage, stats: DrainStats, why: str) -> None:
+        """A message under one of our prefixes that cannot be used: logged by position and length (the
+        content is the application's, never logged), counted, skipped."""
+        what = ("annotation" if msg.prefix == annotations.ANNOTATIONS_PREFIX
+                else f"logical message under prefix {msg.prefix}")
+        log.warning("drain: ignored the %s at %X/%X (%d bytes): %s", what, msg.lsn >> 32, msg.lsn & 0xFFFFFFFF,
+                    len(msg.content), why)
+        stats.skipped_messages[msg.prefix] = stats.skipped_messages.get(msg.prefix, 0) + 1
 
     @staticmethod
     def _emit(source: psycopg.Connection, prefix: str, content: str) -> int:

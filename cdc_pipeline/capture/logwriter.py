@@ -27,7 +27,8 @@ class LogWriter:
         """Buffer a row; write the buffer once it holds ``chunk_rows`` rows or ``chunk_bytes`` bytes, so a
         transaction of large documents never piles up in memory."""
         self.rows.append(row)
-        self.bytes += len(row[7] or "") + len(row[8] or "")
+        # record, changes, texts and the transaction's annotation (copied onto each of its rows)
+        self.bytes += len(row[7] or "") + len(row[8] or "") + len(row[11] or "") + len(row[12] or "")
         if len(self.rows) >= self.chunk_rows or self.bytes >= self.chunk_bytes:
             self.flush(state)
 

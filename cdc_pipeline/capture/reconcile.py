@@ -49,23 +49,27 @@ class Reconciler:
         self.store = ReconcileStore(schema)
         self._shapes: dict[str, PageShape] = {}
         self.pages_reconciled = 0
+        self.refused = 0  # messages under the prefix that were not an authenticated watermark of ours
 
     def __call__(self, message: LogicalMessage, commit_lsn: int, commit_idx: int, conn: psycopg.Connection) -> tuple[int, int]:
+        # Until it is authenticated the content is the application's: logged by position and length only.
+        where = (message.lsn >> 32, message.lsn & 0xFFFFFFFF, len(message.content))
         mark = watermark.decode(message.content)
         if mark is None:
-            log.warning("ignoring a malformed backfill watermark: %r", bytes(message.content)[:200])
+            self.refused += 1
+            log.warning("ignoring a malformed backfill watermark at %X/%X (%d bytes)", *where)
             return 0, 0
         if not message.transactional:
             # Ours are always transactional; a non-transactional one has no place in the log's order.
-            log.warning("ignoring a non-transactional backfill watermark (backfill %s page %s)",
-                        mark.backfill_id, mark.page)
+            self.refused += 1
+            log.warning("ignoring a non-transactional backfill watermark at %X/%X (%d bytes)", *where)
             return 0, 0
         key = self.store.mac_key(conn, mark.backfill_id)
         if key is None or not watermark.verify(message.content, mark, key):
             # Any role that can log in to the source may emit a message with our prefix: only one signed
             # with the backfill's key (kept in the state database) is acted on.
-            log.warning("ignoring an unauthenticated backfill watermark (backfill %r page %s)",
-                        mark.backfill_id[:80], mark.page)
+            self.refused += 1
+            log.warning("ignoring an unauthenticated backfill watermark at %X/%X (%d bytes)", *where)
             return 0, 0
         if mark.kind == "low":
             self.store.low_watermark(conn, mark.backfill_id, mark.page, (commit_lsn, commit_idx))

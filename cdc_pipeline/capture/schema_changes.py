@@ -21,10 +21,15 @@ from typing import Any
 
 import psycopg
 
-from cdc_pipeline.capture.changes import LogRow
+from cdc_pipeline.capture import rereads
+from cdc_pipeline.capture.changes import LogRow, RelationShape
+from cdc_pipeline.capture.gap import GapBackfills
+from cdc_pipeline.capture.relations import as_configured, learn_relation
 from cdc_pipeline.capture.schema_history import Column, Op, Shape, ShapeError, diff, parse_shape, with_types
-from cdc_pipeline.postgres import catalog
+from cdc_pipeline.config import PipelineConfig
+from cdc_pipeline.postgres import catalog, pgoutput
 from cdc_pipeline.postgres.pgtypeinfo import mirror_plan
+from cdc_pipeline.state import relations
 from cdc_pipeline.state.relations import record_schema_change
 
 log = logging.getLogger(__name__)
@@ -76,6 +81,7 @@ class SchemaChanges:
     """Per drain session: the key, the tables by configured name, and the re-reads to start."""
 
     def __init__(self, configured: frozenset[str], publication: str, schema: str) -> None:
+        """``schema``: the state schema (its `relations` table)."""
         self.configured = configured
         self.publication = publication
         self.schema = schema
@@ -83,15 +89,14 @@ class SchemaChanges:
         self.rereads: dict[str, str] = {}  # table -> why, registered after the batch commits
 
     def row(self, content: bytes, at: tuple[int, int, int, datetime, str | None], source: psycopg.Connection,
-            state: psycopg.Connection) -> LogRow | None:
-        """The `schema` log row of a DDL message (``at``: lsn, idx, xid, commit time, annotation), or None."""
+            state: psycopg.Connection) -> LogRow | str | None:
+        """The `schema` log row of a DDL message (``at``: lsn, idx, xid, commit time, annotation); None when it
+        is not for this pipeline's tables; why it is refused (the drain logs and counts it, never its content)."""
         if self.key is None:
-            return None
+            return "no event trigger installed for this pipeline (catalog mode)"
         msg = verify(content, self.key)
         if isinstance(msg, str):
-            log.warning("drain: ignored a message under the DDL prefix at %X/%X (%d bytes): %s",
-                        at[0] >> 32, at[0] & 0xFFFFFFFF, len(content), msg)
-            return None
+            return msg
         table = self._configured_name(msg)
         if msg.publication != self.publication or table is None or msg.before is None:
             return None
@@ -147,3 +152,24 @@ class SchemaChanges:
         log.warning("drain: schema change of %s at %X/%X: %s", table, lsn >> 32, lsn & 0xFFFFFFFF, summary)
         return (lsn, idx, xid, schema, name, "schema", None, json.dumps(record), json.dumps(changes), ts, None,
                 None, note)
+
+    def on_relation(self, rel: pgoutput.Relation, source: psycopg.Connection, state: psycopg.Connection, write: bool,
+                    at: tuple[int, int, int, datetime | None, str | None]) -> tuple[RelationShape, LogRow | None]:
+        """A RELATION message: its shape (under the configured name of a partition's parent or a renamed
+        table), and in catalog mode the `schema` row of a change of its columns since the recorded ones."""
+        rel = as_configured(rel, source, self.configured, lambda rid: relations.name_of_relation(state, self.schema, rid))
+        table = f"{rel.namespace}.{rel.name}"
+        recorded = relations.relation_columns(state, self.schema).get(table) if write and self.key is None else None
+        shape = learn_relation(rel, source, state, self.schema, write)
+        if recorded is None or table not in self.configured or at[3] is None:
+            return shape, None
+        now = [(c.name, t, c.type_oid) for c, t in zip(rel.columns, catalog.format_types(
+            source, [(c.type_oid, c.type_modifier) for c in rel.columns]), strict=True)]
+        return shape, self.catalog_row(table, recorded, now, (at[0], at[1], at[2], at[3], at[4]), source, state)
+
+    def start_rereads(self, config: PipelineConfig, source: psycopg.Connection, state: psycopg.Connection,
+                      runner: GapBackfills, lsn: int) -> None:
+        """Register the re-reads the committed batch needs and start them in this process (capture/gap.py)."""
+        rereads.register(config, source, self.rereads, lsn)
+        self.rereads.clear()
+        runner.start(state)

@@ -35,6 +35,8 @@ VERBS: dict[str, str] = {
     "replay": "consumers:replay",
     "demo": "demo:demo",
 }
+# Long-running verbs stop cleanly on a signal, also one that came before they started (console.py).
+STOPPABLE = frozenset({"drain", "deliver", "serve", "api-sync", "backfill", "demo"})
 
 
 class _Verbs(click.Group):
@@ -65,6 +67,12 @@ def cli(ctx: click.Context, config: str | None, verbose: bool) -> None:
     Dagster op or sensor that does the job."""
     settings = ctx.ensure_object(Settings)
     settings.config, settings.verbose = config, verbose
+    if ctx.invoked_subcommand not in STOPPABLE:
+        # The console script took the signals first thing (console.py); a short verb gets their previous
+        # handling back, and one that came during start-up ends it as it would have.
+        from cdc_pipeline.ops.signals import shutdown
+
+        shutdown.release()
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
@@ -97,8 +105,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
-    except Exception as exc:  # one clear line, never a secret
-        print(f"error: {type(exc).__name__}: {redact(str(exc))}", file=sys.stderr)
+    except Exception as exc:  # one clear line, never a secret nor the application's data
+        print(f"error: {type(exc).__name__}: {redact(_without_data(exc))}", file=sys.stderr)
         if settings.verbose:
             raise
         return 1
+
+
+def _without_data(exc: Exception) -> str:
+    """A server's data exception (SQLSTATE class 22) quotes the value in its detail and context lines: only
+    its primary message is shown."""
+    diag = getattr(exc, "diag", None)
+    sqlstate = getattr(exc, "sqlstate", None) or ""
+    if diag is not None and sqlstate.startswith("22"):
+        primary = (diag.message_primary or "").split(': "')[0]  # 'invalid input syntax for type T: "value"'
+        return f"{primary} (SQLSTATE {sqlstate}; the value is not shown)"
+    return str(exc)

@@ -24,6 +24,12 @@ SINK_TYPES: dict[str, str] = {
     "parquet": "cdc_pipeline.sinks.parquet:ParquetDestination",
     "http_pull": "cdc_pipeline.sinks.http_pull:HttpPullDestination",
     "kafka": "cdc_pipeline.sinks.kafka:KafkaDestination",
+    "sqs": "cdc_pipeline.sinks.sqs:SqsDestination",
+    "sns": "cdc_pipeline.sinks.sns:SnsDestination",
+    "kinesis": "cdc_pipeline.sinks.kinesis:KinesisDestination",
+    "typesense": "cdc_pipeline.sinks.typesense:TypesenseDestination",
+    "delta": "cdc_pipeline.sinks.delta:DeltaDestination",
+    "iceberg": "cdc_pipeline.sinks.iceberg:IcebergDestination",
 }
 DESTINATION_TYPES: tuple[str, ...] = tuple(SINK_TYPES)
 

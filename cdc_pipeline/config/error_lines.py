@@ -16,7 +16,8 @@ from cdc_pipeline.config.models import PipelineConfig
 
 # Paths under these keys may hold credentials: never show the offending input for them.
 _SENSITIVE_KEYS = frozenset({"dsn", "url", "headers", "conf", "hmac_secret_env", "base_url", "token_url",
-                             "token_env", "client_id_env", "client_secret_env"})
+                             "token_env", "client_id_env", "client_secret_env", "secret_access_key",
+                             "session_token", "api_key", "access_key_id"})
 
 _TYPE_MESSAGES: dict[str, str] = {
     "string_type": "must be a string",

@@ -17,6 +17,7 @@ from cdc_pipeline.defs.api_sync import api_sync_definitions
 from cdc_pipeline.defs.backfill import backfill_definitions
 from cdc_pipeline.defs.capture import capture_definitions
 from cdc_pipeline.defs.delivery import delivery_definitions
+from cdc_pipeline.defs.failed import failed_definitions
 from cdc_pipeline.defs.replay import replay_definitions
 from cdc_pipeline.defs.resources import resource_definitions
 from cdc_pipeline.defs.translator import CdcTranslator
@@ -29,6 +30,7 @@ def build_definitions(path: str, translator: CdcTranslator | None = None) -> Def
     return Definitions.merge(
         capture_definitions(pipeline, translator),
         delivery_definitions(pipeline, translator),
+        failed_definitions(pipeline, translator),
         backfill_definitions(pipeline, translator),
         api_sync_definitions(pipeline, translator),
         replay_definitions(),

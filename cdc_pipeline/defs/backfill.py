@@ -14,6 +14,7 @@ window, which is the same backfill while it is active: it resumes from the check
 
 
 import math
+import warnings
 from datetime import UTC, datetime
 from typing import Any
 
@@ -38,6 +39,7 @@ from dagster import (
     MetadataValue,
     MonthlyPartitionsDefinition,
     PartitionsDefinition,
+    PreviewWarning,
     RetryPolicy,
     StaticPartitionsDefinition,
     TimeWindowPartitionsDefinition,
@@ -51,9 +53,10 @@ from dagster import (
 from cdc_pipeline.backfill.engine import Backfiller, BackfillRequest, Progress
 from cdc_pipeline.config import ConfigError, PipelineConfig, TableConfig, redact
 from cdc_pipeline.config.errors import without_secrets
+from cdc_pipeline.core.backfill_origin import dagster_links, dagster_origin, started_by
 from cdc_pipeline.defs.asset_data import SnapshotData
 from cdc_pipeline.defs.resources import CdcConfigResource
-from cdc_pipeline.defs.tags import BACKFILL_TAGS
+from cdc_pipeline.defs.tags import BACKFILL_ID_TAG, BACKFILL_TAGS, DAGSTER_BACKFILL_TAG, ROW_COUNT
 from cdc_pipeline.defs.translator import CdcTranslator, asset_args
 from cdc_pipeline.postgres import session
 from cdc_pipeline.state.backfills import BackfillInfo, BackfillStore
@@ -107,7 +110,8 @@ def partitions_for(table: TableConfig) -> PartitionsDefinition | None:
     return _TIME_PARTITIONS[p.kind](start_date=_utc(p.start), end_date=end, timezone="UTC")
 
 
-def window_of(context: AssetExecutionContext, table: TableConfig) -> tuple[str | None, str | None]:
+def window_of(context: AssetExecutionContext | AssetCheckExecutionContext,
+              table: TableConfig) -> tuple[str | None, str | None]:
     """The sort-column window [start, end) of the run's partition, as text PostgreSQL reads in the
     column's own type (a timestamp with an offset is read as UTC by timestamptz, and the offset is
     ignored by timestamp, whose partitions are UTC too)."""
@@ -121,6 +125,13 @@ def window_of(context: AssetExecutionContext, table: TableConfig) -> tuple[str |
     return (window.start.astimezone(UTC).isoformat(sep=" "), window.end.astimezone(UTC).isoformat(sep=" "))
 
 
+def run_origin(context: AssetExecutionContext) -> str:
+    """The backfill's origin: this run (and the run it retries), its Dagster backfill and partition."""
+    run = context.run
+    return dagster_origin(run.run_id, run.root_run_id, run.tags.get(DAGSTER_BACKFILL_TAG),
+                          context.partition_key if context.has_partition_key else None)
+
+
 def build_backfill_asset(table: TableConfig, spec: AssetSpec) -> AssetsDefinition:
     """The table's snapshot in the change log (its rows as read messages): what a backfill produces."""
 
@@ -128,13 +139,15 @@ def build_backfill_asset(table: TableConfig, spec: AssetSpec) -> AssetsDefinitio
     def _backfill(context: AssetExecutionContext, config: BackfillRunConfig, cdc: CdcConfigResource) -> MaterializeResult:
         pipeline = cdc.load()
         start, end = window_of(context, table)
-        run = context.run
         request = BackfillRequest(
             table.qualified, tuple(config.sinks), table.sort_column if context.has_partition_key else None,
-            start, end, config.max_query_ms,
-            origin=f"dagster run {run.run_id}" + (f" (retry of {run.root_run_id})" if run.root_run_id else ""))
+            start, end, config.max_query_ms, origin=run_origin(context))
+        tagged: list[str] = []
 
         def report(progress: Progress) -> None:
+            if not tagged:  # the run points at the pipeline's backfill from its first report on
+                tagged.append(progress.backfill_id)
+                context.instance.add_run_tags(context.run_id, {BACKFILL_ID_TAG: progress.backfill_id})
             context.log.info(progress.line())
 
         runner = Backfiller(pipeline, request, on_progress=report, progress_seconds=5.0,
@@ -147,6 +160,8 @@ def build_backfill_asset(table: TableConfig, spec: AssetSpec) -> AssetsDefinitio
             if error is exc:
                 raise
             raise error from None
+        if not tagged:
+            context.instance.add_run_tags(context.run_id, {BACKFILL_ID_TAG: result.backfill_id})
         for warning in result.warnings:
             context.log.warning(redact(warning))
         if result.status != "completed":
@@ -158,33 +173,55 @@ def build_backfill_asset(table: TableConfig, spec: AssetSpec) -> AssetsDefinitio
 
 
 def _metadata(result: Progress) -> dict[str, object]:
-    meta: dict[str, object] = dict(result.as_metadata())
+    meta: dict[str, object] = {k: v for k, v in result.as_metadata().items() if v not in (None, "")}
     meta["cursor"] = MetadataValue.text(str(result.cursor))
+    meta[ROW_COUNT] = result.rows_emitted  # the rows this backfill put in the change log (its snapshot)
     return meta
 
 
 def build_backfill_check(table: TableConfig, key: AssetKey) -> AssetChecksDefinition:
-    @asset_check(asset=key, name=CHECK_NAME, description=f"The last backfill of {table.qualified} completed")
+    with warnings.catch_warnings():  # a partitioned check is "preview" in Dagster 1.13: chosen knowingly
+        warnings.simplefilter("ignore", PreviewWarning)
+        return _backfill_check(table, key)
+
+
+def _backfill_check(table: TableConfig, key: AssetKey) -> AssetChecksDefinition:
+    @asset_check(asset=key, name=CHECK_NAME, partitions_def=partitions_for(table),
+                 description=f"The backfill of {table.qualified} (of the partition, for a partitioned table) "
+                             "completed: in a run that backfills, that run's own backfill; executed by hand, the "
+                             "latest backfill of the partition's window")
     def _check(context: AssetCheckExecutionContext, cdc: CdcConfigResource) -> AssetCheckResult:
         pipeline = cdc.load()
-        last = last_backfill(pipeline, table)
-        if last is None:
+        start, end = window_of(context, table)
+        found = own_backfill(pipeline, table, context.run.run_id, context.run.root_run_id, start, end)
+        partition = {"partition": context.partition_key} if context.has_partition_key else {}
+        if found is None:
             return AssetCheckResult(passed=False, severity=AssetCheckSeverity.WARN,
-                                    metadata={"status": "no backfill yet"})
+                                    metadata={"status": "no backfill yet", **partition})
+        links = {k: v for k, v in dagster_links(found.origin).items() if v}
         return AssetCheckResult(
-            passed=last.status == "completed", severity=AssetCheckSeverity.WARN,
-            metadata={"backfill_id": last.id, "status": last.status, "pages": last.pages,
-                      "rows_read": last.rows_read, "rows_dropped": last.rows_dropped,
-                      "cursor": MetadataValue.text(str(last.cursor)), "sinks": ", ".join(last.sinks),
-                      "error": MetadataValue.text(redact(last.error or ""))})
+            passed=found.status == "completed", severity=AssetCheckSeverity.WARN,
+            metadata={"backfill_id": found.id, "status": found.status, **partition, **links, "pages": found.pages,
+                      "rows_read": found.rows_read, "rows_dropped": found.rows_dropped,
+                      "cursor": MetadataValue.text(str(found.cursor)), "sinks": ", ".join(found.sinks),
+                      **({"error": MetadataValue.text(redact(found.error))} if found.error else {})})
 
     return _check
 
 
-def last_backfill(pipeline: PipelineConfig, table: TableConfig) -> BackfillInfo | None:
+def own_backfill(pipeline: PipelineConfig, table: TableConfig, run_id: str, root_run_id: str | None,
+                 start: str | None, end: str | None) -> BackfillInfo | None:
+    """The backfill this run (or the run it retries) started; else the latest one of the same window."""
     store = BackfillStore(pipeline.state.schema_name)
     with session.connect(pipeline.state_dsn, autocommit=True) as conn:
-        return next((i for i in store.list(conn, limit=200) if i.table == table.qualified), None)
+        same = [i for i in store.list(conn, limit=500) if i.table == table.qualified and same_window(i, start, end)]
+    return next((i for i in same if started_by(i.origin, run_id, root_run_id)), same[0] if same else None)
+
+
+def same_window(info: BackfillInfo, start: str | None, end: str | None) -> bool:
+    if start is None and end is None:
+        return info.start is None and info.end is None
+    return (info.start, info.end) == (start, end)
 
 
 def build_backfill_job(table: TableConfig, key: AssetKey) -> Any:

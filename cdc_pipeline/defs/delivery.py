@@ -14,11 +14,11 @@ from collections.abc import Iterator
 from typing import Any
 
 from dagster import (
-    AssetCheckResult,
     AssetExecutionContext,
     AssetKey,
     AssetMaterialization,
     AssetsDefinition,
+    AssetSelection,
     AssetSpec,
     Config,
     DataVersion,
@@ -39,11 +39,12 @@ from cdc_pipeline.config.errors import describe_error
 from cdc_pipeline.core.lanes import lane_name
 from cdc_pipeline.core.positions import START
 from cdc_pipeline.defs.asset_data import ChangeLogData, SinkData
-from cdc_pipeline.defs.health import sink_check_specs, sink_checks, sink_figures
-from cdc_pipeline.defs.pacing import CheckGate, SinkPace, covers
+from cdc_pipeline.defs.health import failed_job_name, sink_checks, sink_figures
+from cdc_pipeline.defs.pacing import CheckGate, ParkedWarning, SinkPace, covers
 from cdc_pipeline.defs.resources import CdcConfigResource, SinksResource, SparkResource
 from cdc_pipeline.defs.run_metrics import run_metrics
 from cdc_pipeline.defs.runs import next_run, wait_for_predecessor
+from cdc_pipeline.defs.sink_checks import build_sink_checks
 from cdc_pipeline.defs.streaming import EVENT_SECONDS, stream_while
 from cdc_pipeline.defs.tags import AFTER_TAG, NO_RUN_RETRIES, delivery_run_tags
 from cdc_pipeline.defs.translator import CdcTranslator, asset_args
@@ -75,7 +76,7 @@ def build_sink_asset(sink: SinkConfig, spec: AssetSpec, log_key: AssetKey) -> As
     key = spec.key
     others = [dep.asset_key for dep in spec.deps if dep.asset_key != log_key]  # the snapshots
 
-    @asset(**asset_args(spec), check_specs=sink_check_specs(key))
+    @asset(**asset_args(spec))
     def _deliver(context: AssetExecutionContext, config: DeliveryRunConfig, cdc: CdcConfigResource,
                  pyspark: SparkResource, sinks: SinksResource) -> Iterator[Any]:
         pipeline = cdc.load()
@@ -87,6 +88,7 @@ def build_sink_asset(sink: SinkConfig, spec: AssetSpec, log_key: AssetKey) -> As
         seconds = config.max_seconds or pipeline.delivery.run_minutes * 60
         pace = SinkPace(pipeline.delivery.report_seconds, time.monotonic())
         gate = CheckGate()
+        parked_warning = ParkedWarning()
         rate = {"delivered": None, "at": time.monotonic()}
 
         def materialization(figures: dict[str, Any], log: Recorded, log_input: str
@@ -112,7 +114,9 @@ def build_sink_asset(sink: SinkConfig, spec: AssetSpec, log_key: AssetKey) -> As
                 pace.recorded(offset, log_input, log.version, now)
                 _, tags = materialization(figures, log, log_input)
                 events.append(AssetMaterialization(key, metadata=figures, tags=tags))
-            return events + gate.changed(sink_checks(pipeline, key, figures))
+            if parked_warning.due(int(figures.get("parked") or 0), now):
+                context.log.warning(parked_line(sink.name, figures))
+            return events + gate.changed(sink_checks(pipeline, key, figures, sink.name))
 
         # The same /metrics, /healthz, /readyz as `deliver --sink S --lane I --metrics-port`, on the lane's
         # port of the map (none for a dry run, as in the CLI).
@@ -130,12 +134,18 @@ def build_sink_asset(sink: SinkConfig, spec: AssetSpec, log_key: AssetKey) -> As
         offset = version_position(figures["offset"]) or START
         held = covers(log.version, offset, drained=figures["lag_messages"] == 0)
         version, tags = materialization(figures, log, log.version if held and log.version else figures["offset"])
+        yield from sink_checks(pipeline, key, figures, sink.name)
         yield MaterializeResult(
-            metadata={**stats.as_metadata(), **figures, "dry_run": config.dry_run}, data_version=version, tags=tags,
-            check_results=[AssetCheckResult(check_name=c.check_name, passed=c.passed, severity=c.severity,
-                                            metadata=c.metadata) for c in sink_checks(pipeline, key, figures)])
+            metadata={**stats.as_metadata(), **figures, "dry_run": config.dry_run}, data_version=version, tags=tags)
 
     return _deliver
+
+
+def parked_line(sink: str, figures: dict[str, Any]) -> str:
+    return (f"sink {sink}: {figures.get('parked')} message(s) parked, the oldest for "
+            f"{figures.get('oldest_parked_seconds') or 0.0:.0f} s (the errors: the no_stale_parked_messages "
+            f"check, or `cdc-pipeline failed list --sink {sink}`); retry or discard them with the jobs "
+            f"{failed_job_name('retry', sink)} / {failed_job_name('discard', sink)}")
 
 
 def _stopped(name: str, result: Any) -> str:
@@ -148,7 +158,7 @@ def _stopped(name: str, result: Any) -> str:
 def build_delivery_jobs(sink: SinkConfig, asset_def: AssetsDefinition) -> list[Any]:
     """The sink's delivery job, or one per lane: the same asset, each with its lane in the run config."""
     return [define_asset_job(
-        delivery_job_name(sink.name, lane, sink.lanes), selection=[asset_def.key],
+        delivery_job_name(sink.name, lane, sink.lanes), selection=AssetSelection.assets(asset_def.key).without_checks(),
         config={"ops": {asset_def.op.name: {"config": {"lane": lane}}}} if sink.lanes > 1 else None,
         tags={**delivery_run_tags(lane_name(sink.name, lane, sink.lanes)), **NO_RUN_RETRIES},
         executor_def=in_process_executor,
@@ -198,7 +208,7 @@ def build_delivery_sensor(jobs: list[Any], keys: dict[str, AssetKey], interval: 
             requests.append(request)
             if AFTER_TAG not in request.tags and time.time() - checked.get(name, 0.0) >= SENSOR_CHECK_SECONDS:
                 try:  # no run is alive to record the lag: a sink whose runs cannot start shows it
-                    events += sink_checks(pipeline, keys[name], sink_figures(pipeline, pipeline.sink(name)))
+                    events += sink_checks(pipeline, keys[name], sink_figures(pipeline, pipeline.sink(name)), name)
                     checked[name] = time.time()
                 except Exception as exc:
                     context.log.warning(f"could not read sink {name}'s figures: {describe_error(exc)}")
@@ -214,5 +224,6 @@ def delivery_definitions(pipeline: PipelineConfig, translator: CdcTranslator) ->
     log_key = translator.get_asset_spec(ChangeLogData(pipeline)).key
     assets = {s.name: build_sink_asset(s, specs[s.name], log_key) for s in pipeline.sinks}
     jobs = [job for s in pipeline.sinks for job in build_delivery_jobs(s, assets[s.name])]
-    return Definitions(assets=list(assets.values()), jobs=jobs,
+    checks = [c for s in pipeline.sinks for c in build_sink_checks(s, specs[s.name].key)]
+    return Definitions(assets=list(assets.values()), asset_checks=checks, jobs=jobs,
                        sensors=[build_delivery_sensor(jobs, {name: spec.key for name, spec in specs.items()})])

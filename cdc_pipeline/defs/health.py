@@ -9,12 +9,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from dagster import AssetCheckEvaluation, AssetCheckSeverity, AssetCheckSpec, AssetKey
+from dagster import (
+    AssetCheckEvaluation,
+    AssetCheckSeverity,
+    AssetCheckSpec,
+    AssetKey,
+    MetadataValue,
+    TableColumn,
+    TableRecord,
+    TableSchema,
+)
 
 from cdc_pipeline.config import PipelineConfig, SinkConfig
-from cdc_pipeline.core.positions import Position
+from cdc_pipeline.core.positions import Position, position_lsn_text
 from cdc_pipeline.delivery.backlog import problem as backlog_problem
 from cdc_pipeline.postgres import catalog, session
+from cdc_pipeline.state.failed_messages import FailedMessages
 from cdc_pipeline.state.store import Store
 
 SLOT_LAG_CHECK = "slot_lag_below_max"
@@ -85,10 +95,9 @@ def sink_figures(pipeline: PipelineConfig, sink: SinkConfig) -> dict[str, Any]:
             **parked, "backlog_error": backlog_problem(pipeline, sink, age)}
 
 
-def sink_checks(pipeline: PipelineConfig, key: AssetKey, figures: dict[str, Any]) -> list[AssetCheckEvaluation]:
+def sink_checks(pipeline: PipelineConfig, key: AssetKey, figures: dict[str, Any], sink: str
+                ) -> list[AssetCheckEvaluation]:
     limit = pipeline.delivery.max_lag_seconds
-    max_age = pipeline.delivery.max_parked_age_seconds
-    oldest = figures.get("oldest_parked_seconds")
     return [
         AssetCheckEvaluation(
             asset_key=key, check_name=SINK_LAG_CHECK,
@@ -97,9 +106,58 @@ def sink_checks(pipeline: PipelineConfig, key: AssetKey, figures: dict[str, Any]
             metadata={"lag_seconds": figures["lag_seconds"], "lag_messages": figures["lag_messages"],
                       "max_lag_seconds": limit,
                       **({"stopped": figures["backlog_error"]} if figures.get("backlog_error") else {})}),
-        AssetCheckEvaluation(
-            asset_key=key, check_name=PARKED_CHECK, passed=oldest is None or oldest <= max_age,
-            severity=AssetCheckSeverity.WARN,
-            metadata={"parked": figures.get("parked", 0), "oldest_parked_seconds": oldest or 0.0,
-                      "max_parked_age_seconds": max_age}),
+        parked_check(pipeline, key, figures, sink),
     ]
+
+
+def parked_check(pipeline: PipelineConfig, key: AssetKey, figures: dict[str, Any], sink: str
+                 ) -> AssetCheckEvaluation:
+    """WARN as soon as a message is parked, ERROR once one is parked longer than max_parked_age_seconds;
+    the parked messages themselves (the oldest PARKED_ROWS) as a table, with the IDs the retry and discard
+    jobs take."""
+    max_age = pipeline.delivery.max_parked_age_seconds
+    parked, oldest = int(figures.get("parked") or 0), figures.get("oldest_parked_seconds") or 0.0
+    stale = parked > 0 and oldest > max_age
+    metadata: dict[str, Any] = {"parked": parked, "oldest_parked_seconds": float(oldest),
+                                "max_parked_age_seconds": float(max_age)}
+    if parked:
+        metadata["parked_messages"] = parked_table(pipeline, sink)
+    # No age in the text: a description that changes is a new evaluation to record (defs/pacing.py).
+    what = (f"{parked} message(s) parked" + (f", the oldest longer than max_parked_age_seconds ({max_age:g} s)"
+                                              if stale else "") +
+            f": see parked_messages; retry or discard them with the jobs {failed_job_name('retry', sink)} / "
+            f"{failed_job_name('discard', sink)}") if parked else None
+    return AssetCheckEvaluation(
+        asset_key=key, check_name=PARKED_CHECK, passed=parked == 0,
+        severity=AssetCheckSeverity.ERROR if stale else AssetCheckSeverity.WARN, description=what,
+        metadata=metadata)
+
+
+PARKED_ROWS = 50  # the check's table shows this many (the oldest); `failed list` shows them all
+PARKED_COLUMNS = [("id", "string", "message ID (commit_lsn:commit_idx): what the retry/discard jobs take"),
+                  ("lsn", "string", "commit LSN (PostgreSQL notation) and index"),
+                  ("table", "string", "source table"), ("key", "string", "the row's primary key"),
+                  ("error", "string", "first line of the last error"), ("attempts", "int", "deliveries tried"),
+                  ("age_seconds", "float", "parked for")]
+
+
+def parked_table(pipeline: PipelineConfig, sink: str) -> MetadataValue:
+    with session.connect(pipeline.state_dsn, autocommit=True) as conn:
+        rows = FailedMessages(pipeline.state.schema_name).parked_details(conn, sink, PARKED_ROWS)
+    records = [TableRecord({
+        "id": r["id"], "lsn": position_lsn_text((int(r["commit_lsn"]), int(r["commit_idx"]))),  # type: ignore[call-overload]
+        "table": r["table"] or "", "key": str(r["key"] or ""),
+        "error": str(r["last_error"]).strip().split("\n", 1)[0][:300], "attempts": int(r["attempts"]),  # type: ignore[call-overload]
+        "age_seconds": round(float(r["age_seconds"] or 0.0), 1)}) for r in rows]  # type: ignore[arg-type]
+    schema = TableSchema(columns=[TableColumn(n, t, description=d) for n, t, d in PARKED_COLUMNS])
+    return MetadataValue.table(records, schema=schema)
+
+
+def failed_job_name(action: str, sink: str) -> str:
+    """The job that retries or discards a sink's failed messages (defs/failed.py)."""
+    return f"{action}_failed_messages_{sink.replace('-', '_')}"
+
+
+def failed_op_name(action: str, sink: str) -> str:
+    """The op of that job, the key of its run config: ``ops: {retry_failed_<sink>: {config: {ids: [...]}}}``."""
+    return f"{action}_failed_{sink.replace('-', '_')}"

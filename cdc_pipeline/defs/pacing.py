@@ -130,3 +130,24 @@ class SinkPace:
         self.offset, self.at, self.log_input = offset, now, log_input
         self.caught_up = log_input == log_version
 
+
+
+@dataclass
+class ParkedWarning:
+    """When a delivery run warns in its log that messages are parked: at once when the first are, then when
+    their number changed, at most once per `every` seconds, and every `remind` seconds while any stay."""
+
+    every: float = 60.0
+    remind: float = 900.0
+    at: float | None = None  # when the last warning was logged
+    count: int = 0  # how many were parked then
+
+    def due(self, parked: int, now: float) -> bool:
+        if parked == 0:
+            self.count = 0
+            return False
+        since = None if self.at is None else now - self.at
+        if since is None or (parked != self.count and since >= self.every) or since >= self.remind:
+            self.at, self.count = now, parked
+            return True
+        return False

@@ -34,7 +34,7 @@ from cdc_pipeline.config import PipelineConfig, SinkConfig
 from cdc_pipeline.core.backoff import next_delay_ms
 from cdc_pipeline.delivery import backlog
 from cdc_pipeline.delivery.call_window import CallWindow
-from cdc_pipeline.delivery.calls import MIN_LOAD, Call, cut
+from cdc_pipeline.delivery.calls import MIN_LOAD, Call, cut, gather_wait
 from cdc_pipeline.delivery.dispatch import deliver_in_order
 from cdc_pipeline.delivery.enrichment import Enricher
 from cdc_pipeline.delivery.lane_keeper import LaneKeeper, LockStillHeld, SinkBusy, send_lock
@@ -101,6 +101,9 @@ class Deliverer:
         self.sink = None if dry_run else (sink or build_sink(sink_config))
         self.batch_size = sink_config.batch_size or config.delivery.batch_size  # log rows per call to the sink
         self.load_size = max(self.batch_size, MIN_LOAD)  # log rows per read and stage (calls.py)
+        # A sink that writes files (a lake table) gathers a trickle of changes: once a block reached the log's
+        # end, the next is read this long after it (sinks/base.py `gather_seconds`); a backlog goes at once.
+        self.gather = type(self.sink).gather_seconds(sink_config) if self.sink is not None else 0.0
         # Typed reads go to the sink as typed rows only on the Arrow path of a sink that writes them as they
         # are; everything else loads them as JSON (backfill/typed.py).
         self.typed_rows = (self.sink is not None and sink_config.enrichment is None
@@ -266,6 +269,7 @@ class Deliverer:
                             conn.commit()
                     if not calls:
                         prefetched = ahead is not None
+                        asked = block  # what this block was read for (a prefetch was asked this much too)
                         staged = ahead.result() if ahead is not None else self._load_and_stage(loader, loaded, block)
                         ahead = None
                         block = min(2 * block, self.load_size)
@@ -303,7 +307,9 @@ class Deliverer:
                             staged = fallback
                         else:
                             loaded = staged.last
-                            ahead = pool.submit(self._load_and_stage, loader, loaded, block)
+                            wait = gather_wait(self.gather, staged.batch.num_rows, asked, until_idle,
+                                               time.monotonic() - started, seconds)
+                            ahead = pool.submit(self._load_and_stage, loader, loaded, block, wait=wait)
                         calls.extend(self._calls(staged))
                         if self.dry_run:
                             offset = self._dry_run(calls, stats) or offset
@@ -373,10 +379,13 @@ class Deliverer:
             raise
         self._give_turn(conn)
 
-    def _load_and_stage(self, conn: psycopg.Connection, offset: Position, size: int, exact: bool = False) -> Staged:
+    def _load_and_stage(self, conn: psycopg.Connection, offset: Position, size: int, exact: bool = False,
+                        wait: float = 0.0) -> Staged:
         """The next block after ``offset``: for a sink that takes typed rows, the run at the head of its log
         (a typed run is only described here, and relayed when sent; at most the sink's batch size); else up to
-        ``size`` log rows (``exact``: those, whatever they hold)."""
+        ``size`` log rows (``exact``: those, whatever they hold); read ``wait`` seconds from now (or at a stop)."""
+        if wait:
+            self._stop.wait(wait)
         if not exact and self.typed_rows and not self.lane.filters:  # a relayed run is not split in lanes
             run = self.store.head_run(conn, self.sink_config.tables, offset, min(size, self.batch_size),
                                       self.sink_config.name)

@@ -23,6 +23,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from cdc_pipeline.capture.prefixes import OWN_PREFIXES
 from cdc_pipeline.ops.api_metrics import api_counters, api_gauges
 from cdc_pipeline.ops.backfill_metrics import backfill_metrics
 
@@ -72,6 +73,8 @@ def _own_counters(runners: list[Any]) -> Iterator[Metric]:
     logged = CounterMetricFamily("cdc_changes_logged", "Changes this drain wrote to the change log")
     txns = CounterMetricFamily("cdc_transactions_logged", "Source transactions this drain logged")
     reconnects = CounterMetricFamily("cdc_drain_retries", "Times this drain reconnected after a lost session")
+    skipped = CounterMetricFamily("cdc_logical_messages_skipped", "Logical messages under one of the pipeline's "
+                                  "prefixes whose content could not be used (skipped)", labels=["prefix"])
     families = {name: CounterMetricFamily(f"cdc_sink_messages_{name}", f"Messages {name} by this process",
                                           labels=["sink"])
                 for name in ("delivered", "parked", "retried", "discarded", "filtered")}
@@ -88,13 +91,15 @@ def _own_counters(runners: list[Any]) -> Iterator[Metric]:
             logged.add_metric([], stats.changes)
             txns.add_metric([], stats.transactions)
             reconnects.add_metric([], stats.retries)
+            for prefix in OWN_PREFIXES:
+                skipped.add_metric([prefix], stats.skipped_messages.get(prefix, 0))
         else:  # DeliveryStats
             for name, family in families.items():
                 family.add_metric([stats.sink], getattr(stats, name))
             batches.add_metric([stats.sink], stats.batches)
             outages.add_metric([stats.sink], stats.outage_retries)
     if drains:
-        yield from (logged, txns, reconnects)
+        yield from (logged, txns, reconnects, skipped)
     yield from (*families.values(), batches, outages)
 
 

@@ -44,6 +44,12 @@ class EmbeddedPostgres:
     # None: trust authentication (tests, in a private mkdtemp folder); else scram-sha-256 for every
     # connection, local or TCP (the demo: another local user must not get in through 127.0.0.1).
     password: str | None = None
+    # The server binaries' folder: the machine's (or CDC_PG_BIN) unless a test asks for another major version
+    # (cdc_pipeline.postgres.binaries).
+    bin_dir: Path = PG_BIN
+
+    def bin(self, name: str) -> str:
+        return str(self.bin_dir / name)
 
     @property
     def data_dir(self) -> Path:
@@ -65,7 +71,9 @@ class EmbeddedPostgres:
     def _run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return subprocess.run(_as_postgres(list(args)), check=check, capture_output=True, text=True)
 
-    def start(self, durable: bool = True) -> EmbeddedPostgres:
+    def start(self, durable: bool = True, settings: dict[str, str] | None = None) -> EmbeddedPostgres:
+        """Start the cluster, initialising it first if its folder holds none (then `settings`, raw
+        postgresql.conf values, are written after the defaults)."""
         log = self.root / "postgres.log"
         if not (self.data_dir / "PG_VERSION").exists():
             auth = ["--auth=trust"]
@@ -76,28 +84,29 @@ class EmbeddedPostgres:
                 _own(pwfile)
                 auth = ["--auth=scram-sha-256", f"--pwfile={pwfile}"]
             try:
-                self._run(str(PG_BIN / "initdb"), "-D", str(self.data_dir), "-U", self.user,
+                self._run(self.bin("initdb"), "-D", str(self.data_dir), "-U", self.user,
                           *auth, "-E", "UTF8", "--locale=C.UTF-8")
             finally:
                 pwfile.unlink(missing_ok=True)
-            settings = dict(SETTINGS, unix_socket_directories=f"'{self.socket_dir}'")
+            conf_lines = dict(SETTINGS, unix_socket_directories=f"'{self.socket_dir}'")
             if not durable:  # tests: crash safety of the *pipeline* is under test, not of the server
-                settings.update(fsync="off", synchronous_commit="off", full_page_writes="off")
+                conf_lines.update(fsync="off", synchronous_commit="off", full_page_writes="off")
+            conf_lines.update(settings or {})
             with open(self.data_dir / "postgresql.conf", "a") as conf:
-                conf.writelines(f"{k} = {v}\n" for k, v in settings.items())
-        self._run(str(PG_BIN / "pg_ctl"), "-D", str(self.data_dir), "-l", str(log), "-o",
+                conf.writelines(f"{k} = {v}\n" for k, v in conf_lines.items())
+        self._run(self.bin("pg_ctl"), "-D", str(self.data_dir), "-l", str(log), "-o",
                   f"-p {self.port}", "-w", "-t", "60", "start")
         return self
 
     def stop(self, mode: str = "fast") -> None:
-        self._run(str(PG_BIN / "pg_ctl"), "-D", str(self.data_dir), "-m", mode, "-w", "stop", check=False)
+        self._run(self.bin("pg_ctl"), "-D", str(self.data_dir), "-m", mode, "-w", "stop", check=False)
 
     def destroy(self) -> None:
         self.stop()
         shutil.rmtree(self.root, ignore_errors=True)
 
     def is_running(self) -> bool:
-        return self._run(str(PG_BIN / "pg_ctl"), "-D", str(self.data_dir), "status", check=False).returncode == 0
+        return self._run(self.bin("pg_ctl"), "-D", str(self.data_dir), "status", check=False).returncode == 0
 
     def create_database(self, name: str) -> None:
         from psycopg import sql
@@ -123,7 +132,7 @@ def _own(path: Path) -> None:
 
 
 def create(root: str | os.PathLike[str] | None = None, port: int | None = None,
-           password: str | None = None) -> EmbeddedPostgres:
+           password: str | None = None, bin_dir: Path | None = None) -> EmbeddedPostgres:
     """Create (but do not start) a cluster folder; reuse `root` if it already holds one. With `password`,
     the cluster authenticates with it (a cluster reused from `root` keeps the one it was made with)."""
     path = Path(root) if root else Path(tempfile.mkdtemp(prefix="cdc_pg_"))
@@ -141,4 +150,4 @@ def create(root: str | os.PathLike[str] | None = None, port: int | None = None,
             fd = os.open(password_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w") as f:
                 f.write(password)
-    return EmbeddedPostgres(root=path, port=port, password=password)
+    return EmbeddedPostgres(root=path, port=port, password=password, bin_dir=bin_dir or PG_BIN)

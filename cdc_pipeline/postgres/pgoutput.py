@@ -224,7 +224,13 @@ def _decode_truncate(buf: bytes) -> Truncate:
 
 def _decode_message(buf: bytes) -> LogicalMessage:
     flags, lsn = _MSG_HEAD.unpack_from(buf, 1)
-    prefix, pos = _cstring(buf, 1 + _MSG_HEAD.size)
+    # The prefix is the application's input: in a SQL_ASCII database it need not be UTF-8. Undecodable bytes
+    # become lone surrogates, so it never equals one of the pipeline's (ASCII) prefixes and never fails here.
+    start = 1 + _MSG_HEAD.size
+    end = buf.find(0, start)
+    if end < 0:
+        raise PgOutputError(f"unterminated string at offset {start}")
+    prefix, pos = buf[start:end].decode("utf-8", "surrogateescape"), end + 1
     (length,) = _unpack_u32(buf, pos)
     pos += 4
     _end(buf, pos + length)

@@ -8,7 +8,7 @@ import types
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import annotated_types as at
-from pydantic import AfterValidator, BaseModel
+from pydantic import AfterValidator, BaseModel, SecretStr
 from pydantic.fields import FieldInfo
 
 from cdc_pipeline.config import PipelineConfig
@@ -64,6 +64,8 @@ def type_text(annotation: Any, metadata: list[Any] | None = None) -> str:
         return f"mapping of {type_text(args[0])} to {type_text(args[1])}"
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return f"[{_section_name(annotation)}](#{_anchor(annotation)})"
+    if annotation is SecretStr:
+        return "string (secret)"
     return {str: "string", int: "integer", float: "number", bool: "boolean"}.get(annotation, str(annotation))
 
 
@@ -152,4 +154,9 @@ def render() -> str:
         parts += [f"\n### `{kind}` {{#{_anchor(model)}}}\n\n", f"{doc}\n\n" if doc else "",
                   f"`destination: {{type: {kind}{', ' + required if required else ''}}}`\n\n",
                   table(["key", "type", "default", "description"], _rows(model))]
+        nested: list[type[BaseModel]] = []  # a destination's own sections (an iceberg sink's `catalog`)
+        _collect(model, f"sinks[].destination ({kind}).", nested)
+        for child in nested:
+            parts += [f"\n#### `{_PATHS[child]}` {{#{_anchor(child)}}}\n\n",
+                      table(["key", "type", "default", "description"], _rows(child))]
     return "".join(parts)

@@ -182,6 +182,12 @@ class Sink(abc.ABC):
         return False
 
     @classmethod
+    def gather_seconds(cls, sink_config: SinkConfigLike) -> float:
+        """A sink that writes files gathers a trickle of changes: once a block reached the log's end, the next
+        is read this many seconds later (a lake table's `flush_seconds`); 0: at once."""
+        return 0.0
+
+    @classmethod
     def takes_typed_rows(cls, sink_config: SinkConfigLike) -> bool:
         """Backfill reads may reach it typed (`TypedRow`, no record) and in runs (`deliver_typed_run`)."""
         return False

@@ -21,6 +21,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from cdc_pipeline.config.errors import redact
+from cdc_pipeline.core.backfill_origin import dagster_links
 from cdc_pipeline.postgres import session
 from cdc_pipeline.state.base import SchemaStore
 from cdc_pipeline.state.windows import disjoint
@@ -121,7 +122,7 @@ class BackfillInfo:
         return {
             "id": self.id, "table": self.table, "sinks": self.sinks, "status": self.status,
             "process_alive": self.alive, "sort_column": self.sort_column, "start": self.start, "end": self.end,
-            "origin": self.origin, "pages": self.pages, "rows_read": self.rows_read,
+            "origin": self.origin, **dagster_links(self.origin), "pages": self.pages, "rows_read": self.rows_read,
             "rows_dropped": self.rows_dropped, "rows_emitted": self.rows_emitted,
             "pages_in_flight": self.pages_staged, "page_attempts": self.page_attempts,
             "page_size": self.page_size, "estimated_rows": self.estimated_rows, "percent": self.percent,

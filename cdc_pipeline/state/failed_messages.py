@@ -83,6 +83,31 @@ class FailedMessages(SchemaStore):
         return [{**dict(zip(keys, r, strict=True)), "last_error": redact(r[6]) if r[6] else r[6], "id": f"{r[1]}:{r[2]}"}
                 for r in rows]
 
+    def parked_details(self, conn: psycopg.Connection, sink: str, limit: int) -> list[dict[str, object]]:
+        """The sink's parked messages, oldest first, with their table and key from the change log (a message
+        the retention already dropped from the log has neither)."""
+        rows = conn.execute(sql.SQL(
+            "SELECT f.commit_lsn, f.commit_idx, l.table_schema || '.' || l.table_name, l.pk, f.group_key, "
+            "f.attempts, f.last_error, extract(epoch FROM now() - f.first_failed_at)::float8 "
+            "FROM {s}.failed_messages f LEFT JOIN {s}.change_log l "
+            "ON (l.commit_lsn, l.commit_idx) = (f.commit_lsn, f.commit_idx) "
+            "WHERE f.sink = %s AND f.status = 'parked' ORDER BY f.commit_lsn, f.commit_idx LIMIT %s")
+            .format(s=self.s), (sink, limit)).fetchall()
+        keys = ("commit_lsn", "commit_idx", "table", "key", "group_key", "attempts", "last_error", "age_seconds")
+        return [{**dict(zip(keys, r, strict=True)), "last_error": redact(r[6]) if r[6] else "",
+                 "id": f"{r[0]}:{r[1]}"} for r in rows]
+
+    def positions_of_table(self, conn: psycopg.Connection, sink: str, table: str,
+                           include_discarded: bool = False) -> list[Position]:
+        """Failed messages of one source table (schema.table), parked (and discarded ones too if asked)."""
+        schema, _, name = table.partition(".")
+        rows = conn.execute(sql.SQL(
+            "SELECT f.commit_lsn, f.commit_idx FROM {s}.failed_messages f JOIN {s}.change_log l "
+            "ON (l.commit_lsn, l.commit_idx) = (f.commit_lsn, f.commit_idx) "
+            "WHERE f.sink = %s AND l.table_schema = %s AND l.table_name = %s AND (f.status = 'parked' OR %s) "
+            "ORDER BY 1, 2").format(s=self.s), (sink, schema, name, include_discarded)).fetchall()
+        return [(int(r[0]), int(r[1])) for r in rows]
+
     def retry_now(self, conn: psycopg.Connection, sink: str | None, position: Position | None,
                   include_discarded: bool = False) -> tuple[int, int]:
         """Make parked messages due now (None position = all of the sink(s)); discarded ones too with

@@ -53,6 +53,22 @@ def test_materializing_a_partition_backfills_exactly_its_window(source_db, db_fa
         assert mat.partition == "2025-01-03"
         checks = result.get_asset_check_evaluations()
         assert [(c.check_name, c.passed) for c in checks] == [(CHECK_NAME, True)]
+        # The check reports this run's own backfill and partition; the run and the backfill name each other.
+        own = mat.metadata["backfill_id"].value
+        assert checks[0].metadata["backfill_id"].value == own and checks[0].metadata["partition"].value == "2025-01-03"
+        assert checks[0].metadata["dagster_run_id"].value == result.run_id
+        assert instance.get_run_by_id(result.run_id).tags["cdc_pipeline/backfill_id"] == own
+        assert mat.metadata["dagster/row_count"].value == mat.metadata["rows_emitted"].value
+        # A later partition's backfill does not become this partition's: its check, executed by hand for
+        # 2025-01-03 (a run with no backfill of its own), still reports the 2025-01-03 backfill.
+        later = job.execute_in_process(instance=instance, partition_key="2025-01-04")
+        [later_check] = later.get_asset_check_evaluations()
+        assert later_check.metadata["backfill_id"].value not in (own, None)
+        check_job = defs.resolve_implicit_global_asset_job_def().get_subset(
+            asset_selection=set(), asset_check_selection={checks[0].asset_check_key})
+        [by_hand] = check_job.execute_in_process(instance=instance, partition_key="2025-01-03"
+                                                 ).get_asset_check_evaluations()
+        assert by_hand.metadata["backfill_id"].value == own and by_hand.passed
     expected = sorted(f"[{r[0]}]" for r in source_db.execute(
         "SELECT id FROM public.events WHERE created_at >= '2025-01-03 00:00:00+00' "
         "AND created_at < '2025-01-04 00:00:00+00'"))
@@ -60,7 +76,10 @@ def test_materializing_a_partition_backfills_exactly_its_window(source_db, db_fa
     assert sorted(log_reads(config, backfill_id)) == expected  # the day, both edges right, no NULLs
     assert mat.metadata["rows_read"].value == len(expected) and mat.metadata["status"].value == "completed"
     deliver(config, spark)
-    assert sorted(f"[{r['id']}]" for r in rows(dest.dsn, "mirror.events")) == expected
+    both_days = sorted(f"[{r[0]}]" for r in source_db.execute(
+        "SELECT id FROM public.events WHERE created_at >= '2025-01-03 00:00:00+00' "
+        "AND created_at < '2025-01-05 00:00:00+00'"))
+    assert sorted(f"[{r['id']}]" for r in rows(dest.dsn, "mirror.events")) == both_days
 
     # The schedule re-runs the partition that just ended.
     schedule = defs.get_schedule_def("backfill_public_events_previous_partition")

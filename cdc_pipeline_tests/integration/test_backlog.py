@@ -51,7 +51,7 @@ def test_change_stream_past_the_limit_stops_loudly_and_skips_nothing(source_db, 
         assert conn.execute("SELECT count(*) FROM cdc_pipeline.change_log").fetchone() == (30,)
     shown = status.collect(config)["sinks"]["mirror"]
     assert "is stopped" in shown["error"] and "ERROR: sink 'mirror' is stopped" in status.render(status.collect(config))
-    [lag_check] = [c for c in sink_checks(config, AssetKey(["sink", "mirror"]), sink_figures(config, config.sink("mirror")))
+    [lag_check] = [c for c in sink_checks(config, AssetKey(["sink", "mirror"]), sink_figures(config, config.sink("mirror")), "mirror")
                    if c.check_name == SINK_LAG_CHECK]
     assert not lag_check.passed and "is stopped" in (lag_check.description or "")
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from cdc_pipeline.admin.setup import setup
 from cdc_pipeline_tests.helpers import assert_mirrored, deliver, drain, mirror_config, sync
 
@@ -25,6 +27,7 @@ INSERT INTO public.everything VALUES
 """
 
 
+@pytest.mark.pg_matrix
 def test_every_type_insert_update_delete(source_db, db_factory, write_config, spark):
     dest = db_factory()
     source_db.execute(TYPES_DDL)
@@ -41,6 +44,7 @@ def test_every_type_insert_update_delete(source_db, db_factory, write_config, sp
     assert assert_mirrored(source_db.dsn, "public.everything", dest.dsn, "mirror.everything") == 1
 
 
+@pytest.mark.pg_matrix
 def test_truncate_nulls_and_multi_table_transaction(source_db, db_factory, write_config, spark):
     dest = db_factory()
     source_db.execute("CREATE TABLE a (id int PRIMARY KEY, v text); CREATE TABLE b (k text PRIMARY KEY, n int)")
@@ -57,6 +61,7 @@ def test_truncate_nulls_and_multi_table_transaction(source_db, db_factory, write
     assert assert_mirrored(source_db.dsn, "public.b", dest.dsn, "mirror.b") == 20
 
 
+@pytest.mark.pg_matrix
 def test_unchanged_toast_both_replica_identities(source_db, db_factory, write_config, spark):
     dest = db_factory()
     source_db.execute(
@@ -85,6 +90,7 @@ def test_unchanged_toast_both_replica_identities(source_db, db_factory, write_co
         assert assert_mirrored(source_db.dsn, f"public.{t}", dest.dsn, f"mirror.{t}") == 3
 
 
+@pytest.mark.pg_matrix
 def test_alter_table_mid_stream(source_db, db_factory, write_config, spark):
     dest = db_factory()
     source_db.execute("CREATE TABLE s (id int PRIMARY KEY, a text, gone int)")
@@ -102,6 +108,7 @@ def test_alter_table_mid_stream(source_db, db_factory, write_config, spark):
     assert assert_mirrored(source_db.dsn, "public.s", dest.dsn, "mirror.s") == 3
 
 
+@pytest.mark.pg_matrix
 def test_idle_database_slot_advances_by_heartbeat(source_db, db_factory, write_config):
     from cdc_pipeline.capture.drain import Drain
 

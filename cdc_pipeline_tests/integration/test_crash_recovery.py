@@ -340,6 +340,7 @@ def _assert_log_complete(config: PipelineConfig, txns: dict[int, int]) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.pg_matrix
 def test_drain_sigkill_during_100k_changes(source_db: Database, db_factory: Callable[[], Database],
                                            write_config: Callable[..., PipelineConfig], spark: Any) -> None:
     seed = int(os.environ.get("CDC_CRASH_SEED", random.randrange(1 << 30)))

@@ -30,6 +30,7 @@ from cdc_pipeline.capture.drain import Drain
 from cdc_pipeline.capture.reconcile import Reconciler
 from cdc_pipeline.config import PipelineConfig
 from cdc_pipeline.postgres import embedded
+from cdc_pipeline_tests import pg_versions
 from cdc_pipeline_tests.conftest import Database, _drop
 from cdc_pipeline_tests.helpers import assert_mirrored, deliver
 from cdc_pipeline_tests.integration.test_crash_recovery import (
@@ -44,8 +45,8 @@ WAL_SENDER_TIMEOUT_S = 2
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[embedded.EmbeddedPostgres]:
-    pg = embedded.create()
+def cluster(pg_major: int | None) -> Iterator[embedded.EmbeddedPostgres]:
+    pg = embedded.create(bin_dir=pg_versions.bin_dir(pg_major))
     pg.start(durable=False)
     with psycopg.connect(pg.dsn(), autocommit=True) as conn:
         conn.execute(f"ALTER SYSTEM SET wal_sender_timeout = '{WAL_SENDER_TIMEOUT_S}s'")
@@ -173,6 +174,7 @@ def _stop(proc: subprocess.Popen[bytes], err: Path) -> tuple[str, str]:
 # --------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.pg_matrix
 def test_walsender_terminated_repeatedly(fdb: Database, write_config: Callable[..., PipelineConfig],
                                          tmp_path: Path) -> None:
     config = _config(fdb, write_config)
@@ -195,10 +197,11 @@ def test_walsender_terminated_repeatedly(fdb: Database, write_config: Callable[.
 
 
 def _restart(cluster: embedded.EmbeddedPostgres) -> None:
-    cluster._run(str(embedded.PG_BIN / "pg_ctl"), "-D", str(cluster.data_dir), "-l", str(cluster.root / "postgres.log"),
+    cluster._run(cluster.bin("pg_ctl"), "-D", str(cluster.data_dir), "-l", str(cluster.root / "postgres.log"),
                  "-o", f"-p {cluster.port}", "-m", "fast", "-w", "-t", "60", "restart")
 
 
+@pytest.mark.pg_matrix
 def test_source_restart_mid_stream(fdb: Database, cluster: embedded.EmbeddedPostgres,
                                    write_config: Callable[..., PipelineConfig], tmp_path: Path) -> None:
     config = _config(fdb, write_config)  # the state lives in the source database: both restart
@@ -349,6 +352,7 @@ def test_state_restored_from_older_dump(fdb: Database, write_config: Callable[..
     assert not again.gaps and again.retries == 0
 
 
+@pytest.mark.pg_matrix
 def test_slot_dropped_is_permanent(fdb: Database, write_config: Callable[..., PipelineConfig],
                                    tmp_path: Path) -> None:
     config = _config(fdb, write_config)
@@ -422,6 +426,7 @@ def test_publication_dropped_is_permanent(fdb: Database, write_config: Callable[
     assert "publication 'cdc_test' does not exist" in message and "cdc-pipeline setup" in message
 
 
+@pytest.mark.pg_matrix
 def test_slot_invalidated_is_permanent(fdb: Database, cluster: embedded.EmbeddedPostgres,
                                        write_config: Callable[..., PipelineConfig], tmp_path: Path) -> None:
     config = _config(fdb, write_config)

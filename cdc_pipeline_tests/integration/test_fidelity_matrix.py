@@ -29,6 +29,7 @@ from cdc_pipeline_tests import fidelity_values as fv
 from cdc_pipeline_tests.conftest import Database, _drop
 from cdc_pipeline_tests.helpers import deliver, drain
 from cdc_pipeline_tests.integration.test_backfill import backfill, backfill_config, drain_running, wait_for
+from cdc_pipeline_tests.pg_versions import server_major
 
 # How values print when compared: the settings `to_jsonb` and `::text` depend on, the same on both sides.
 OPTIONS = "-c TimeZone=UTC -c DateStyle=ISO,MDY -c IntervalStyle=postgres -c extra_float_digits=1"
@@ -129,15 +130,16 @@ def report(parked: list[str], what: str, failures: dict[str, list[tuple[Any, ...
 
 
 @pytest.fixture(scope="module")
-def matrix(pg_admin_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, ...]]:
-    source, dest = (Database(pg_admin_dsn, f"t_{uuid.uuid4().hex[:12]}") for _ in range(2))
+def matrix(pg_server: str, pg_dest_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, ...]]:
+    source, dest = (Database(server, f"t_{uuid.uuid4().hex[:12]}") for server in (pg_server, pg_dest_server))
     for db in (source, dest):
-        with psycopg.connect(pg_admin_dsn, autocommit=True) as conn:
+        with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(db.name)))
     try:
+        tables = fv.tables_for(server_major(pg_server))  # the same names and row counts as fv.TABLES
         with source.connect() as conn:
             conn.execute(fv.USER_TYPES)
-            for table in fv.TABLES:
+            for table in tables:
                 conn.execute(fv.create_sql(table))
                 conn.execute(fv.insert_sql(table))
         path = tmp_path_factory.mktemp("fidelity") / "cdc.yaml"
@@ -145,7 +147,7 @@ def matrix(pg_admin_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
         config = load_config(path)
         setup(config)
         with source.connect() as conn:  # the change path: every row again as an insert, and every row updated
-            for table in fv.TABLES:
+            for table in tables:
                 conn.execute(fv.insert_sql(table, CHANGED))
                 conn.execute(fv.rotate_sql(table, range(1, len(table.rows) + 1)))
         drain(config)
@@ -157,9 +159,10 @@ def matrix(pg_admin_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
         yield config, source, dest
     finally:
         for db in (source, dest):
-            _drop(pg_admin_dsn, db.name)
+            _drop(db.admin_dsn, db.name)
 
 
+@pytest.mark.pg_matrix
 def test_every_record_equals_to_jsonb_through_changes_and_reads(matrix, spark):
     config, source, dest = matrix
     parked = delivered(config, spark, "appended")
@@ -181,6 +184,7 @@ def test_every_record_equals_to_jsonb_through_changes_and_reads(matrix, spark):
         parked, "records differ from to_jsonb(row) (key, action, column, record, to_jsonb)", failures)
 
 
+@pytest.mark.pg_matrix
 def test_the_mirror_holds_every_column_equal_by_output_text(matrix, spark):
     config, source, dest = matrix
     parked = delivered(config, spark, "mirror")

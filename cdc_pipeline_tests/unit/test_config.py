@@ -538,7 +538,7 @@ def test_unknown_destination_type() -> None:
     message = config_error(with_sink("{type: pulsar, url: x}"))
     assert message == (
         "cdc.yaml: sinks[0].destination.type: must be one of 'postgres', 'webhook', 'redis_stream', "
-        "'nats', 'rabbitmq', 'parquet', 'http_pull', 'kafka' (got 'pulsar')"
+        "'nats', 'rabbitmq', 'parquet', 'http_pull', 'kafka', 'sqs', 'sns', 'kinesis', 'typesense', 'delta', 'iceberg' (got 'pulsar')"
     )
 
 

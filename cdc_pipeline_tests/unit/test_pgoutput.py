@@ -177,6 +177,15 @@ def test_type_origin_truncate_message_bytes() -> None:
     assert msg == LogicalMessage(True, 42, "cdc.heartbeat", b"hi")
 
 
+def test_a_message_prefix_that_is_not_utf8_decodes_and_is_never_ours() -> None:
+    """A SQL_ASCII source lets an application emit any bytes as a prefix: the message still decodes (the
+    drain must not stop on it), and its prefix can never equal one of the pipeline's ASCII prefixes."""
+    raw = b"cdc_pipeline.probe\xff"
+    msg = decode(b"M\x01" + b"\x00" * 7 + b"\x2a" + raw + b"\x00" + b"\x00\x00\x00\x01\xfe")
+    assert isinstance(msg, LogicalMessage) and msg.content == b"\xfe"
+    assert msg.prefix != "cdc_pipeline.probe" and msg.prefix.encode("utf-8", "surrogateescape") == raw
+
+
 def test_binary_kind_yields_bytes() -> None:
     msg = decode(b"I\x00\x00\x00\x01N" + tuple_data((b"\x00\x01", None), binary=True))
     assert msg == Insert(1, (b"\x00\x01", None))

@@ -113,9 +113,10 @@ def test_a_new_sink_type_is_one_package_and_one_registry_line(tmp_path: Path) ->
     assert got["errors"][0] == "cdc.yaml: sinks[0].destination.prefix: required key is missing"
     assert got["errors"][1].endswith(
         "sinks[0].destination.type: must be one of 'postgres', 'webhook', 'redis_stream', 'nats', 'rabbitmq', "
-        "'parquet', 'http_pull', 'echo', 'kafka' (got 'pulsar')")
+        "'parquet', 'http_pull', 'echo', 'kafka', 'sqs', 'sns', 'kinesis', 'typesense', 'delta', 'iceberg' (got 'pulsar')")
     assert got["errors"][2].endswith("sinks[0].destination.type: required key is missing (one of 'postgres', 'webhook', "
-                                     "'redis_stream', 'nats', 'rabbitmq', 'parquet', 'http_pull', 'echo', 'kafka')")
+                                     "'redis_stream', 'nats', 'rabbitmq', 'parquet', 'http_pull', 'echo', 'kafka', 'sqs', 'sns', "
+                                     "'kinesis', 'typesense', 'delta', 'iceberg')")
 
 
 def test_registry_lines_name_matching_models_and_builders() -> None:
@@ -131,10 +132,11 @@ def test_loading_a_config_imports_no_client_library() -> None:
     sinks = "".join(f"  - {{name: s{i}, tables: [t], destination: {d}}}\n" for i, d in enumerate([
         "{type: postgres, dsn: 'postgresql://u@h/d', table: t}", "{type: webhook, url: 'http://h/'}",
         "{type: redis_stream}", "{type: nats}", "{type: rabbitmq}", "{type: parquet, path: /tmp/p}",
-        "{type: http_pull, token_env: T}"]))
+        "{type: http_pull, token_env: T}", "{type: delta, path: /tmp/d}", "{type: iceberg, warehouse: /tmp/w}"]))
     probe = ("import sys; from cdc_pipeline.config import parse_config; "
              f"c = parse_config({_BASE_YAML + sinks!r}, 'cdc.yaml'); "
-             "print(len(c.sinks), sorted(m for m in ('redis', 'nats', 'pika', 'pyarrow', 'pyspark', 'httpx') "
+             "print(len(c.sinks), sorted(m for m in ('redis', 'nats', 'pika', 'pyarrow', 'pyspark', 'httpx', 'deltalake', "
+             "'pyiceberg', 'sqlalchemy') "
              "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
-    assert out.stdout.split(maxsplit=1) == ["7", "[]\n"]
+    assert out.stdout.split(maxsplit=1) == ["9", "[]\n"]

@@ -3,12 +3,15 @@
 * Each message is a record of `route or topic`: value = the message JSON, key = its group (so a group's
   order is its partition's order; ungrouped messages have no key), headers `idempotency_key`, `table`
   and `action`. A message counts as delivered when its delivery report says the broker acknowledged it.
-* The idempotent producer keeps each partition's order through its own retries. A message librdkafka
-  refuses before sending (larger than `max_message_bytes`, an unknown or untrusted topic) fails alone,
-  and the later messages of its group in the call are reported NOT_SENT, so the engine holds them back
-  unsent. A record the broker rejects (too large for it, not authorized) fails alone too; later records of
-  its group already in flight are held by the engine and sent again after it (duplicates the
-  `idempotency_key` header identifies).
+* One record per group in flight (flight.py): a group's next message is produced once the previous one's
+  delivery report says it was stored, so a record the broker rejects (too large for it, not authorized) can
+  never let its key's next record be stored first; the group's later messages in the call are reported
+  NOT_SENT and the engine holds them back behind it. Different groups go out together (a flush sends what
+  is queued at once). A message librdkafka refuses before sending (larger than `max_message_bytes`, an
+  unknown or untrusted topic) fails alone the same way.
+* A producer in a fatal state (librdkafka's `_FATAL`: an unrecoverable sequence gap, a fenced producer) is
+  an outage of the sink, not any message's failure: nothing more is produced in the call (NOT_SENT), the
+  message it refused is `Unreachable`, and the next call builds a new producer.
 * Outage: an unreachable broker is `SinkUnavailable` (open() asks for metadata first), and a broker that
   goes away during a call ends the call once all brokers have been down for DOWN_GRACE_S (or the
   delivery timeout passes): what is not acknowledged is purged and reported `Unreachable`, the producer is
@@ -33,6 +36,7 @@ from cdc_pipeline.sinks.base import (
     SinkUnavailable,
     Unreachable,
 )
+from cdc_pipeline.sinks.kafka.flight import GroupFlight
 from cdc_pipeline.sinks.kafka.topics import headers, topic_problem
 
 log = logging.getLogger(__name__)
@@ -86,6 +90,7 @@ class KafkaSink(Sink):
         self._conf = producer_config(dest, environ)
         self._producer: Producer | None = None
         self._down_since: float | None = None
+        self._fatal: str | None = None  # why the producer failed for good (librdkafka's fatal error)
 
     # -- lifecycle --------------------------------------------------------------------------------
     def open(self) -> None:
@@ -97,7 +102,7 @@ class KafkaSink(Sink):
             producer.list_topics(timeout=CONNECT_TIMEOUT_S)  # a reachable broker answers metadata
         except KafkaException as exc:
             raise SinkUnavailable(f"kafka sink {self.name!r}: cannot reach {self.servers}: {_text(exc)}") from exc
-        self._producer, self._down_since = producer, None
+        self._producer, self._down_since, self._fatal = producer, None, None
         return producer
 
     def close(self) -> None:
@@ -109,26 +114,34 @@ class KafkaSink(Sink):
     def _on_error(self, err: KafkaError) -> None:
         if err.code() == KafkaError._ALL_BROKERS_DOWN:
             self._down_since = self._down_since or time.monotonic()
+        if err.fatal():
+            self._fatal = f"{err.name()}: {err.str()}"
         log.info("kafka sink %s: %s", self.name, err.str())
 
     # -- delivery ---------------------------------------------------------------------------------
     def deliver(self, batch: Sequence[OutboundMessage]) -> list[str | None]:
-        if self._producer is not None and self._down_since is not None:
-            self.close()  # the brokers went away since the last call: only a fresh connection tells
+        if self._producer is not None and (self._down_since is not None or self._fatal is not None):
+            self.close()  # brokers gone since the last call, or a dead producer: only a fresh one tells
         producer = self._producer or self._connect()
-        results: list[str | None] = [_PENDING] * len(batch)
-        stopped: set[str] = set()  # groups with a message refused in this call: the rest is NOT_SENT
-        outstanding = [0]
-        for i, m in enumerate(batch):
-            if m.group is not None and m.group in stopped:
-                results[i] = NOT_SENT
-                continue
-            error = topic_problem(m.route, self.route_prefixes) or self._produce(producer, m, i, results, outstanding)
-            if error is not None:
-                results[i] = error
-                if m.group is not None:
-                    stopped.add(m.group)
-        self._settle(producer, outstanding)
+        call = _Call([_PENDING] * len(batch), GroupFlight([m.group for m in batch]))
+        while True:
+            for i in call.flight.take():
+                if self._fatal is not None:  # the producer died under this call: the rest waits for a new one
+                    call.results[i] = NOT_SENT
+                    continue
+                m = batch[i]
+                error = topic_problem(m.route, self.route_prefixes) or self._produce(producer, m, i, call)
+                if isinstance(error, Unreachable):  # the producer is dead: not this message's fault
+                    call.results[i] = error
+                elif error is not None:
+                    call.fail(i, error)
+            if call.outstanding == 0 and not call.flight.has_ready():
+                break
+            if not self._wait(producer, call):
+                break
+        return self._finish(call.results)
+
+    def _finish(self, results: list[str | None]) -> list[str | None]:
         lost = False
         for i, r in enumerate(results):
             if r is _PENDING:
@@ -142,45 +155,73 @@ class KafkaSink(Sink):
                                       f"{next(r for r in results if isinstance(r, Unreachable))}")
         return results
 
-    def _produce(self, producer: Producer, m: OutboundMessage, i: int, results: list[str | None],
-                 outstanding: list[int]) -> str | None:
-        """Queue one record; returns why librdkafka refused it, or None."""
+    def _produce(self, producer: Producer, m: OutboundMessage, i: int, call: _Call) -> str | None:
+        """Queue one record; returns why librdkafka refused it (an ``Unreachable`` when the producer itself
+        is dead: an outage of the sink, not the message's fault), or None."""
         while True:
             try:
                 producer.produce(m.route or self.topic, value=m.payload,
                                  key=m.group.encode() if m.group is not None else None,
-                                 headers=headers(m.key, m.payload), on_delivery=self._report(results, i, outstanding))
-                outstanding[0] += 1
+                                 headers=headers(m.key, m.payload), on_delivery=self._report(call, i))
+                call.outstanding += 1
                 return None
             except BufferError:  # the local queue is full: serve delivery reports to make room
                 producer.poll(0.05)
             except KafkaException as exc:
+                err = exc.args[0] if exc.args else None
+                if isinstance(err, KafkaError) and (err.fatal() or err.code() == KafkaError._FATAL):
+                    self._fatal = _text(exc)
+                    log.warning("kafka sink %s: the producer failed for good (%s); a new one takes over",
+                                self.name, self._fatal)
+                    return Unreachable(f"kafka: the producer failed ({self._fatal}); not sent")
                 return f"kafka: {_text(exc)}"
-            producer.poll(0)
 
-    def _report(self, results: list[str | None], i: int, outstanding: list[int]) -> Callable[[KafkaError | None, Message], None]:
+    def _report(self, call: _Call, i: int) -> Callable[[KafkaError | None, Message], None]:
         def on_delivery(err: KafkaError | None, _msg: Message) -> None:
-            outstanding[0] -= 1
+            call.outstanding -= 1
+            call.progress_at = time.monotonic()
             if err is None:
-                results[i] = None
+                call.results[i] = None
+                call.flight.stored(i)
                 self._down_since = None
             elif err.code() in _UNREACHABLE or err.retriable() or err.fatal():
-                results[i] = Unreachable(f"kafka: {err.name()}: {err.str()}")
+                if err.fatal():
+                    self._fatal = f"{err.name()}: {err.str()}"
+                call.fail(i, Unreachable(f"kafka: {err.name()}: {err.str()}"))
             else:
-                results[i] = f"kafka: {err.name()}: {err.str()}"
+                call.fail(i, f"kafka: {err.name()}: {err.str()}")
         return on_delivery
 
-    def _settle(self, producer: Producer, outstanding: list[int]) -> None:
-        """Wait for every delivery report, or give up on what is left when the brokers are gone."""
-        deadline = time.monotonic() + self.timeout_s + CONNECT_TIMEOUT_S
-        while outstanding[0] > 0:
-            producer.flush(0.2)
-            now = time.monotonic()
-            down = self._down_since is not None and now - self._down_since >= DOWN_GRACE_S
-            if down or now >= deadline:
-                producer.purge()  # their reports come back as _PURGE_*: Unreachable
-                producer.flush(1.0)
-                return
+    def _wait(self, producer: Producer, call: _Call) -> bool:
+        """Serve delivery reports for a moment (a flush sends what is queued at once, linger or not); False
+        when the brokers are gone or the time is up: what is left is purged and reported unanswered."""
+        producer.flush(0.05)
+        now = time.monotonic()
+        down = self._down_since is not None and now - self._down_since >= DOWN_GRACE_S
+        # No report for the delivery timeout (and a connect's time): what is out is given up on.
+        silent = now - call.progress_at >= self.timeout_s + CONNECT_TIMEOUT_S
+        if not (down or silent or self._fatal is not None):
+            return True
+        producer.purge()  # their reports come back as _PURGE_*: Unreachable
+        producer.flush(1.0)
+        for j in call.flight.stop():
+            if call.results[j] is _PENDING:
+                call.results[j] = NOT_SENT
+        return False
+
+
+class _Call:
+    """One call's results and which message of each group may go out next."""
+
+    def __init__(self, results: list[str | None], flight: GroupFlight) -> None:
+        self.results, self.flight = results, flight
+        self.outstanding = 0
+        self.progress_at = time.monotonic()  # the call's start, then its last delivery report
+
+    def fail(self, i: int, error: str) -> None:
+        self.results[i] = error
+        for j in self.flight.failed(i):
+            self.results[j] = NOT_SENT
 
 
 def _text(exc: KafkaException) -> str:

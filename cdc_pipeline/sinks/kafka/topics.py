@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from json.decoder import scanstring  # type: ignore[attr-defined]
 
 MAX_TOPIC_CHARS = 249  # Kafka's limit
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]+$")
@@ -31,50 +30,54 @@ def topic_problem(route: str | None, allowed_prefixes: Sequence[str] | None) -> 
     return None
 
 
-_ACTION = ',"action":"'
-_META = '","metadata":{"table_schema":"'
-_TABLE = ',"table_name":"'
+# A JSON text's strings and structural characters (numbers, true, false and null fall between the matches).
+_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[{}\[\]:,]')
+_WANTED = {("action",): "action", ("metadata", "table_schema"): "schema", ("metadata", "table_name"): "table"}
 
 
 def headers(key: str, payload: bytes) -> list[tuple[str, bytes]]:
     """The record's headers: the idempotency key always; `table` (schema.table) and `action` when the
-    message has them (a transform may have dropped them)."""
+    message has them as its own fields (top-level `action`, `metadata.table_schema` and `.table_name`; a
+    transform may have dropped them). Read by structure, so a look-alike inside the record, an annotation
+    or an enrichment (which come after the envelope) is never taken for them."""
     out = [("idempotency_key", key.encode())]
-    text = payload.decode()
-    found = _envelope(text, key)
-    if found is None:  # a transform's own shape: parse it
-        try:
-            message = json.loads(text)
-        except ValueError:
-            return out
-        meta = message.get("metadata") if isinstance(message, dict) else None
-        if isinstance(meta, dict) and isinstance(meta.get("table_schema"), str) and isinstance(meta.get("table_name"), str):
-            out.append(("table", f"{meta['table_schema']}.{meta['table_name']}".encode()))
-        if isinstance(message, dict) and isinstance(message.get("action"), str):
-            out.append(("action", message["action"].encode()))
-        return out
-    return [*out, ("table", found[0].encode()), ("action", found[1].encode())]
+    found = message_fields(payload.decode())
+    if "schema" in found and "table" in found:
+        out.append(("table", f"{found['schema']}.{found['table']}".encode()))
+    if "action" in found:
+        out.append(("action", found["action"].encode()))
+    return out
 
 
-def _envelope(text: str, key: str) -> tuple[str, str] | None:
-    """(schema.table, action) of a message in the stages' shape, read from its envelope without parsing the
-    record: {"record":R,"changes":C,"action":"A","metadata":{"table_schema":S,"table_name":T,...}}. The
-    envelope is the last such sequence whose metadata names this message's idempotency key (an annotation
-    after it cannot hold that key: it is written before the commit that gives the key)."""
-    end = len(text)
-    while (at := text.rfind(_ACTION, 0, end)) >= 0:
-        end = at
-        start = at + len(_ACTION)
-        stop = text.find('"', start)
-        if stop < 0 or not text.startswith(_META, stop):
-            continue
-        try:
-            schema, i = scanstring(text, stop + len(_META))
-            if not text.startswith(_TABLE, i):
-                continue
-            table, i = scanstring(text, i + len(_TABLE))
-        except ValueError:
-            continue
-        if f'"idempotency_key":"{key}"' in text[i:i + 200]:
-            return f"{schema}.{table}", text[start:stop]
-    return None
+def message_fields(text: str) -> dict[str, str]:
+    """The string values of the fields in ``_WANTED`` (by their path from the top object; the last one where a
+    key repeats, as a JSON parser keeps). One pass without recursion: any nesting depth is fine."""
+    found: dict[str, str] = {}
+    path: list[str | None] = []  # the key of each open container (None inside an array)
+    objects: list[bool] = []  # whether each open container is an object
+    key: str | None = None
+    expect_key = False
+    for match in _TOKEN.finditer(text):
+        token = match.group()
+        first = token[0]
+        if first == '"':
+            if expect_key:
+                # Only keys of the top two levels can matter: decode those alone.
+                key = json.loads(token) if len(objects) <= 2 else ""
+                expect_key = False
+            elif key is not None and len(path) <= 2:
+                wanted = _WANTED.get((*path[1:], key))  # type: ignore[arg-type]
+                if wanted is not None:
+                    found[wanted] = json.loads(token)
+        elif first == ",":
+            expect_key, key = bool(objects and objects[-1]), None
+        elif first in "{[":
+            path.append(key if objects and objects[-1] else None)
+            objects.append(first == "{")
+            expect_key, key = first == "{", None
+        elif first in "}]":
+            if objects:
+                objects.pop()
+                path.pop()
+            expect_key, key = False, None
+    return found

@@ -1,0 +1,106 @@
+"""Amazon SQS sink on aiobotocore: SendMessageBatch of up to 10 messages, a result per entry.
+
+* Body = the message JSON; message attributes `idempotency_key`, `table` (schema.table) and `action` (the
+  last two when the message has them).
+* FIFO queue (name ending `.fifo`): MessageGroupId = the message's group (an ungrouped message: its own
+  key), MessageDeduplicationId = its idempotency key, so a redelivery after a crash or an outage is
+  dropped by the queue within its 5-minute deduplication window. A standard queue keeps no order: its
+  consumers see messages in any order, and possibly twice.
+* Sizes are checked before sending: a message over 256 KiB (body and attributes, as SQS counts them) is
+  that message's failure (parked with the reason), its group held, other groups flow.
+* A rejected entry fails alone (parked); an entry SQS could not take for its own reasons (not the
+  sender's fault) and a whole request refused by throttling, 5xx, credentials, a missing `queue_url`
+  queue or no answer are an outage (sinks/aws/client.py).
+* A route is the name of another queue of the same account and region (resolved once with GetQueueUrl):
+  an invalid name, one outside `route_prefixes` or a queue that does not exist is that message's failure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from cdc_pipeline.sinks.aws.client import AwsClient, describe, entry_result, error_code
+from cdc_pipeline.sinks.aws.names import dedup_id, fifo_group_id, route_problem
+from cdc_pipeline.sinks.base import OutboundMessage, SinkConfigLike
+from cdc_pipeline.sinks.batch_plan import Limits
+from cdc_pipeline.sinks.batching import BatchingSink, DestinationDown, Encoded
+from cdc_pipeline.sinks.kafka.topics import headers
+
+MAX_MESSAGE_BYTES = 262_144  # 256 KiB, a message and a whole batch
+_MISSING = {"AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"}
+
+
+def attributes(message: OutboundMessage) -> tuple[dict[str, dict[str, str]], int]:
+    """The message attributes (String) and their size as SQS and SNS count it (name, type and value)."""
+    out: dict[str, dict[str, str]] = {}
+    size = 0
+    for name, value in headers(message.key, message.payload):
+        text = value.decode()
+        if text:  # an attribute value may not be empty
+            out[name] = {"DataType": "String", "StringValue": text}
+            size += len(name.encode()) + len(b"String") + len(value)
+    return out, size
+
+
+class SqsSink(BatchingSink):
+    kind = "sqs"
+    limits = Limits(max_entries=10, max_request_bytes=MAX_MESSAGE_BYTES, max_entry_bytes=MAX_MESSAGE_BYTES,
+                    what="SQS message (body and attributes)")
+
+    def __init__(self, sink_config: SinkConfigLike) -> None:
+        dest = sink_config.destination
+        super().__init__(sink_config.name, dest.max_in_flight)
+        self.queue_url: str = dest.queue_url
+        self.route_prefixes: list[str] | None = dest.route_prefixes
+        self._client = AwsClient("sqs", dest)
+        self._urls: dict[str, str] = {}  # route (queue name) -> queue URL
+
+    async def connect(self) -> None:
+        await self._client.open()
+        try:
+            await self._client.call("get_queue_attributes", QueueUrl=self.queue_url, AttributeNames=["FifoQueue"])
+        except ClientError as exc:
+            raise DestinationDown(f"queue {self.queue_url}: {describe(exc)}") from None
+
+    async def disconnect(self) -> None:
+        await self._client.close()
+
+    def encode(self, message: OutboundMessage) -> Encoded | str:
+        problem = route_problem("queue", message.route, self.route_prefixes)
+        if problem:
+            return problem
+        target = message.route or ""
+        fifo = (message.route or self.queue_url).endswith(".fifo")
+        attrs, attrs_size = attributes(message)
+        entry: dict[str, Any] = {"MessageBody": message.payload.decode(), "MessageAttributes": attrs}
+        if fifo:
+            entry["MessageGroupId"] = fifo_group_id(message.group, message.key)
+            entry["MessageDeduplicationId"] = dedup_id(message.key)
+        return Encoded(target, entry, len(message.payload) + attrs_size)
+
+    async def send(self, target: str, entries: Sequence[tuple[OutboundMessage, Any]]) -> list[str | None]:
+        try:
+            url = await self._url(target)
+            answer = await self._client.call("send_message_batch", QueueUrl=url, Entries=[
+                {"Id": str(n), **entry} for n, (_, entry) in enumerate(entries)])
+        except ClientError as exc:
+            if not target and error_code(exc) in _MISSING:
+                raise DestinationDown(f"queue {self.queue_url}: {describe(exc)}") from None
+            return [describe(exc)] * len(entries)
+        results: list[str | None] = ["SQS returned no result for this entry"] * len(entries)
+        for ok in answer.get("Successful", []):
+            results[int(ok["Id"])] = None
+        for bad in answer.get("Failed", []):
+            results[int(bad["Id"])] = entry_result(bad.get("Code", "error"), bad.get("Message", ""),
+                                                   bool(bad.get("SenderFault", True)))
+        return results
+
+    async def _url(self, route: str) -> str:
+        if not route:
+            return self.queue_url
+        if route not in self._urls:
+            self._urls[route] = (await self._client.call("get_queue_url", QueueName=route))["QueueUrl"]
+        return self._urls[route]
