@@ -20,10 +20,10 @@ from typing import Literal
 import psycopg
 from psycopg import sql
 
+from cdc_pipeline.capture.prefixes import DDL_PREFIX
 from cdc_pipeline.config import PipelineConfig
 from cdc_pipeline.core.findings import Finding
 
-DDL_PREFIX = "cdc_pipeline.ddl"
 Mode = Literal["trigger", "catalog"]
 
 _OBJECTS = r"""

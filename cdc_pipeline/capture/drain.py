@@ -30,11 +30,10 @@ import psycopg
 from psycopg import sql
 
 from cdc_pipeline.admin import ddl_capture
-from cdc_pipeline.admin.ddl_capture import DDL_PREFIX
 from cdc_pipeline.capture import annotations, faults, gap
 from cdc_pipeline.capture.changes import LogRow, RelationShape, row_change, truncate_row
 from cdc_pipeline.capture.logwriter import LogWriter
-from cdc_pipeline.capture.prefixes import HEARTBEAT_PREFIX, PROBE_PREFIX
+from cdc_pipeline.capture.prefixes import DDL_PREFIX, HEARTBEAT_PREFIX, PROBE_PREFIX
 from cdc_pipeline.capture.reconcile import watermark_hooks
 from cdc_pipeline.capture.schema_changes import SchemaChanges
 from cdc_pipeline.config import PipelineConfig, redact

@@ -4,7 +4,9 @@ and after each (in the same transaction too); forged DDL messages change nothing
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -14,7 +16,8 @@ from cdc_pipeline.admin.setup import setup
 from cdc_pipeline.admin.status import collect
 from cdc_pipeline.config import PipelineConfig
 from cdc_pipeline_tests.conftest import Database
-from cdc_pipeline_tests.helpers import assert_mirrored, mirror_config, sync
+from cdc_pipeline_tests.evolving import Writers, logs, processes
+from cdc_pipeline_tests.helpers import assert_mirrored, mirror_config, sync, wait_until
 
 TABLE = """
 CREATE TABLE public.s (id integer PRIMARY KEY, a text, n integer, v varchar(10), m numeric(8,2), old_name text,
@@ -114,3 +117,62 @@ def test_forged_ddl_messages_change_nothing(source_db: Database, db_factory: Cal
     assert _types(dest.dsn, "mirror.f") == {"id": "integer", "a": "text"}
     assert assert_mirrored(source_db.dsn, "public.f", dest.dsn, "mirror.f", order="id") == 5
     assert source_db.execute("SELECT count(*) FROM cdc_pipeline.change_log WHERE action = 'schema'") == [(0,)]
+
+
+def _writer_step(conn: psycopg.Connection, n: int) -> int:
+    """Changes that name only the columns no schema change touches (id, v)."""
+    key = n % 300
+    if n % 4 == 3:
+        return conn.execute("DELETE FROM public.w WHERE id = %s", (key,)).rowcount
+    return conn.execute("INSERT INTO public.w (id, v) VALUES (%s, 0) ON CONFLICT (id) DO UPDATE SET v = w.v + 1",
+                        (key,)).rowcount
+
+
+def test_schema_changes_under_writers_as_processes(source_db: Database, db_factory: Callable[[], Database],
+                                                   write_config: Callable[..., PipelineConfig],
+                                                   tmp_path: Path) -> None:
+    """`drain` and `deliver` run as users run them while writers go on and the schema changes under them."""
+    dest = db_factory()
+    source_db.execute("CREATE TABLE public.w (id integer PRIMARY KEY, v integer NOT NULL, n integer DEFAULT 1, "
+                      "m numeric(8,2) DEFAULT 1.25, old_name text DEFAULT 'o')")
+    data: dict[str, Any] = mirror_config(source_db.dsn, dest.dsn, ["public.w"])
+    data["delivery"] = {"idle_seconds": 0.05, "batch_size": 200}
+    data["sinks"].append({"name": "app", "tables": ["public.w"], "destination": {
+        "type": "postgres", "dsn": dest.dsn, "table": "out.w", "mode": "append"}})
+    config = write_config(data)
+    setup(config)
+    path = str(config.path)
+    with processes(tmp_path) as start, Writers(source_db.dsn, _writer_step) as writers:
+        start("--config", path, "drain")
+        deliver = start("--config", path, "deliver")
+        for ddl in ("ALTER TABLE public.w ADD COLUMN d text DEFAULT 'dflt'",
+                    "ALTER TABLE public.w RENAME COLUMN old_name TO new_name",
+                    "ALTER TABLE public.w ALTER COLUMN n TYPE bigint",
+                    "ALTER TABLE public.w ALTER COLUMN m TYPE numeric(12,4)"):
+            seen = writers.changes
+            wait_until(lambda seen=seen: writers.changes > seen + 150, 60, "changes between schema changes")
+            source_db.execute(ddl)
+        source_db.execute("UPDATE public.w SET n = 3000000000 + id, m = 1.2345 WHERE id % 5 = 0")
+        wait_until(lambda: writers.changes > seen + 300, 60, "changes after the last schema change")
+        writers.stop()
+        extra = int(source_db.execute("SELECT count(*) FROM public.w WHERE id % 5 = 0")[0][0])
+
+        def caught_up() -> bool:
+            try:
+                appended = int(dest.execute("SELECT count(*) FROM out.w")[0][0])
+            except psycopg.errors.UndefinedTable:
+                return False
+            lags = [collect(config)["sinks"][s]["lag_messages"] for s in ("mirror", "app")]
+            return appended == writers.changes + extra and lags == [0, 0]
+
+        wait_until(caught_up, 120, "the sinks to catch up")
+        deliver.send_signal(signal.SIGTERM)
+        assert deliver.wait(60) == 0, logs(tmp_path)
+    assert _types(dest.dsn, "mirror.w") == _types(source_db.dsn, "public.w")
+    assert_mirrored(source_db.dsn, "public.w", dest.dsn, "mirror.w", order="id")
+    rows = dest.execute("SELECT idempotency_key, message->'record'->>'id', commit_lsn, commit_idx, delivered_at "
+                        "FROM out.w")
+    assert len(rows) == len({r[0] for r in rows}) == writers.changes + extra  # every change once, no schema row
+    for key in {r[1] for r in rows}:
+        seen_order = [(r[2], r[3]) for r in sorted((r for r in rows if r[1] == key), key=lambda r: (r[4], r[2], r[3]))]
+        assert seen_order == sorted(seen_order), f"key {key} went backwards on the append sink"
