@@ -12,7 +12,6 @@ from typing import Any
 from dagster import (
     AssetCheckEvaluation,
     AssetCheckSeverity,
-    AssetCheckSpec,
     AssetKey,
     MetadataValue,
     TableColumn,
@@ -33,18 +32,7 @@ PARKED_CHECK = "no_stale_parked_messages"
 BACKLOG_LIMIT = 10_000_000  # counting a sink's backlog stops here: cheap enough to ask every few seconds
 
 
-def slot_lag_spec(key: AssetKey) -> AssetCheckSpec:
-    return AssetCheckSpec(SLOT_LAG_CHECK, asset=key,
-                          description="The drain keeps up: the slot is at most drain.max_lag_seconds behind")
-
-
-def sink_check_specs(key: AssetKey) -> list[AssetCheckSpec]:
-    return [
-        AssetCheckSpec(SINK_LAG_CHECK, asset=key, description="The oldest undelivered change is at most "
-                       "delivery.max_lag_seconds old"),
-        AssetCheckSpec(PARKED_CHECK, asset=key, description="No message parked longer than "
-                       "delivery.max_parked_age_seconds"),
-    ]
+SLOT_LAG_DESCRIPTION = "The drain keeps up: the slot is at most drain.max_lag_seconds behind"
 
 
 def slot_figures(pipeline: PipelineConfig) -> dict[str, Any]:

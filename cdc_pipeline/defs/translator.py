@@ -57,8 +57,9 @@ class CdcTranslator:
         return AssetSpec(
             AssetKey(["cdc", "change_log"]), deps=sources, group_name="cdc", kinds={"postgres"}, tags=DRAIN_TAGS,
             description="Ordered change log in the state database: the drain streams the replication slot "
-                        "into it and acknowledges the slot after each commit. Materializing it runs the drain "
-                        "for drain.run_minutes; the cdc_drain_sensor keeps one such run alive.",
+                        "into it and acknowledges the slot after each commit. The cdc_drain_sensor keeps one "
+                        "long-lived cdc_drain run streaming; Materialize ends at once while it streams (else "
+                        "catches up, at most a minute).",
         )
 
     def _snapshot(self, data: SnapshotData) -> AssetSpec:
@@ -83,8 +84,9 @@ class CdcTranslator:
             group_name="sink", metadata=sink_metadata(sink), kinds={"spark", sink.destination.type},
             tags=DELIVERY_TAGS,
             description=f"What sink {sink.name} ({sink.destination.type}) holds: the change log of "
-                        f"{', '.join(sink.tables)} through its filter and transform. Materializing it runs a "
-                        "delivery for delivery.run_minutes; the cdc_delivery_sensor keeps one alive while it lags.",
+                        f"{', '.join(sink.tables)} through its filter and transform. The cdc_delivery_sensor keeps "
+                        "a long-lived delivery run alive while it lags; Materialize ends at once while one runs "
+                        "(else catches up, at most a minute).",
         )
 
     def _api_collection(self, data: ApiCollectionData) -> AssetSpec:
