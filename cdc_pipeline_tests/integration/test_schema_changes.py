@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 from cdc_pipeline.admin.check import check
 from cdc_pipeline.admin.setup import setup
@@ -66,6 +67,7 @@ def _write(conn: psycopg.Connection, step: int) -> None:
     conn.execute("DELETE FROM public.s WHERE id = %s", (40 + step,))
 
 
+@pytest.mark.pg_matrix
 def test_every_alter_table_is_followed(source_db: Database, db_factory: Callable[[], Database],
                                        write_config: Callable[..., PipelineConfig], spark: Any) -> None:
     dest = db_factory()

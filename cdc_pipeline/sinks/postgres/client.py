@@ -323,12 +323,13 @@ class PostgresSink(Sink):
             tables = list(dict.fromkeys([*tables, *typed.tables(conn)]))
         for table in tables:
             schema, _, name = table.partition(".")
-            target, info = self._sync_table(table)
-            cuts = conn.execute(
+            kinds = dict(conn.execute(
                 "SELECT seq, msg->>'action' FROM _cdc_stage WHERE msg->>'action' IN ('truncate', 'schema') "
                 "AND msg->'metadata'->>'table_schema' = %s AND msg->'metadata'->>'table_name' = %s ORDER BY seq",
-                (schema, name)).fetchall()
-            kinds = dict(cuts)
+                (schema, name)).fetchall())
+            if "schema" in kinds.values() and not shapes and evolve.nothing_to_alter(conn, self._target(table), table):
+                continue  # schema changes alone, and no mirror table yet: the first row creates it as the source is
+            target, info = self._sync_table(table)
             start = 0
             for cut in [*kinds, n]:
                 if not shapes:

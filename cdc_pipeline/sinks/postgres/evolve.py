@@ -32,6 +32,15 @@ def columns(conn: psycopg.Connection, target: tuple[str, str]) -> dict[str, str]
         target).fetchall()}
 
 
+def nothing_to_alter(conn: psycopg.Connection, target: tuple[str, str], source_table: str) -> bool:
+    """The staged batch holds only schema changes of ``source_table`` and its mirror table does not exist."""
+    schema, _, name = source_table.partition(".")
+    row = conn.execute(
+        "SELECT bool_and(msg->>'action' = 'schema') FROM _cdc_stage WHERE msg->'metadata'->>'table_schema' = %s "
+        "AND msg->'metadata'->>'table_name' = %s", (schema, name)).fetchone()
+    return bool(row and row[0]) and not columns(conn, target)
+
+
 def apply(conn: psycopg.Connection, target: tuple[str, str], source_table: str, change: dict[str, Any],
           key: tuple[str, ...]) -> None:
     """Apply one `schema` message's operations (its ``record``) to the mirror table ``target``."""
