@@ -9,7 +9,7 @@ from __future__ import annotations
 import psycopg
 
 from cdc_pipeline.capture.changes import LOG_COLUMNS, LogRow
-from cdc_pipeline.state import slot_progress
+from cdc_pipeline.state import notify, slot_progress
 
 
 class LogWriter:
@@ -48,6 +48,7 @@ class LogWriter:
     def commit(self, state: psycopg.Connection, end_lsn: int, ts: object) -> None:
         self.flush(state)
         self.save_progress(state, end_lsn, ts)
+        notify.announce(state, self.schema)  # deliverers wake when this commits (state/notify.py)
         state.commit()
 
     def save_progress(self, state: psycopg.Connection, end_lsn: int, ts: object) -> None:

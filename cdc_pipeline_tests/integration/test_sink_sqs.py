@@ -158,3 +158,14 @@ def test_secrets_never_shown() -> None:
         sink.open()
     assert "very-secret" not in str(down.value) and "127.0.0.1:1" in str(down.value)
     sink.close()
+
+
+def test_check_reports_a_missing_queue_and_a_standard_one(moto: MotoServer) -> None:
+    def findings(url: str) -> list[tuple[str, str]]:
+        config = SimpleNamespace(name="q", destination=SqsDestination(queue_url=url, **moto.connection()))
+        return [(f.level, f.message) for f in SqsSink.check_findings(config)]
+
+    assert findings(make_queue(moto)) == []
+    assert [level for level, _ in findings(make_queue(moto, fifo=False))] == ["warning"]
+    (level, message), = findings(make_queue(moto) + "-gone.fifo")
+    assert level == "error" and "does not exist" in message

@@ -124,3 +124,15 @@ def test_a_refused_api_key_is_an_outage_and_never_shown(typesense: TypesenseServ
         sink_of(typesense, api_key="wrong-key-very-secret").open()
     assert "very-secret" not in str(down.value)
     assert "very-secret" not in repr(TypesenseDestination(endpoint_url=typesense.url, api_key="x-very-secret"))
+
+
+def test_check_reports_a_refused_key(typesense: TypesenseServer) -> None:
+    from cdc_pipeline.sinks.typesense.client import TypesenseSink
+
+    def findings(key: str) -> list[tuple[str, str]]:
+        dest = TypesenseDestination(endpoint_url=typesense.url, api_key=key)
+        return [(f.level, f.message) for f in TypesenseSink.check_findings(SimpleNamespace(name="t", destination=dest))]
+
+    assert findings(TYPESENSE_KEY) == []
+    (level, message), = findings("wrong-key")
+    assert level == "error" and "401" in message and "wrong-key" not in message
