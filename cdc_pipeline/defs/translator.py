@@ -4,7 +4,7 @@ group, description, kinds, metadata, tags and owners. Subclass it and pass it to
 to rename keys, regroup assets or add metadata; the YAML component's `translation` is applied there too.
 
 Keys name data, not actions: ``source/<schema>/<table>`` (the source tables, not materialized here),
-``cdc/change_log`` (the ordered log the drain writes), ``cdc/snapshot/<schema>/<table>`` (a table's
+``cdc/change_log`` (the ordered log the drain writes), ``cdc/snapshot/<schema>/<table>_snapshot`` (a table's
 backfill: its rows as read messages in the log), ``sink/<name>`` (what a sink holds) and
 ``api_sync/<source>/<collection>``. A spec's deps are its upstream assets' keys, asked of
 `self.get_asset_spec` in turn, so a subclass that renames keys keeps the lineage connected.
@@ -67,7 +67,7 @@ class CdcTranslator:
         what = (f"windows of {table.sort_column} ({table.partitions.kind} partitions)" if table.partitions
                 else "the whole table, by primary key")
         return AssetSpec(
-            AssetKey(["cdc", "snapshot", table.schema_name, table.table_name]),
+            AssetKey(["cdc", "snapshot", table.schema_name, f"{table.table_name}_snapshot"]),
             deps=[self.get_asset_spec(SourceTableData(data.pipeline, table.qualified)).key],
             group_name="cdc", kinds={"postgres"}, tags=BACKFILL_TAGS,
             description=f"Backfills {table.qualified} to its sinks as read messages: {what}. Runs alongside the "

@@ -16,10 +16,10 @@ from cdc_pipeline.admin.setup import setup
 from cdc_pipeline.delivery.engine import Deliverer
 from cdc_pipeline.state.backfills import BackfillStore
 from cdc_pipeline_tests.helpers import mirror_config, rows, wait_until
-from cdc_pipeline_tests.integration.test_backfill import drain_running
+from cdc_pipeline_tests.integration.backfill.test_backfill import drain_running
 
 LOG, SINK = AssetKey(["cdc", "change_log"]), AssetKey(["sink", "mirror"])
-SNAPSHOT = AssetKey(["cdc", "snapshot", "public", "t"])
+SNAPSHOT = AssetKey(["cdc", "snapshot", "public", "t_snapshot"])
 
 
 def _defs(path: Path) -> Any:
