@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -359,7 +360,7 @@ def sling_run(cluster: embedded.EmbeddedPostgres, workdir: Path) -> tuple[float 
     url = f"postgresql://{cluster.user}@127.0.0.1:{cluster.port}/{{}}?sslmode=disable"
     home = workdir / "sling"
     home.mkdir(exist_ok=True)
-    env = {**os.environ, "SLING_HOME_DIR": str(home), "SLING_DISABLE_TELEMETRY": "true", "SLING_LOGGING": "NO_COLOR"}
+    env = {**os.environ, "SLING_HOME_DIR": str(home), "SLING_DISABLE_TELEMETRY": "true"}
     started = time.perf_counter()
     done = subprocess.run([binary, "run", "--src-conn", url.format("bench_src"), "--src-stream", "public.bench",
                            "--tgt-conn", url.format("sling_dst"), "--tgt-object", "public.bench",
@@ -367,7 +368,8 @@ def sling_run(cluster: embedded.EmbeddedPostgres, workdir: Path) -> tuple[float 
     seconds = time.perf_counter() - started
     if done.returncode != 0:
         return None, "sling run failed: " + (done.stderr or done.stdout).strip()[-1500:]
-    lines = [line for line in (done.stderr + done.stdout).splitlines() if "inserted" in line or "wrote" in line]
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", done.stderr + done.stdout)  # its log is coloured whatever the terminal
+    lines = [line for line in plain.splitlines() if "inserted" in line or "wrote" in line]
     return seconds, (lines[-1].strip() if lines else "done")[-200:]
 
 

@@ -159,6 +159,7 @@ def main() -> None:
                 conn.execute("INSERT INTO orders (id, account, amount, status, ver) "
                              "SELECT g, g %% 1000, 1, 'new', 1 FROM generate_series(11, 10 + %s) g", (half,))
             procs.append(spawn(cfg, "drain", "--seconds", "100000", log=work / "drain2.log"))
+            wait_until(lambda: sink_position(state)[1] >= 10 + half, 600, "the rows the load updates, delivered")
 
         # 2. Lag at the offered load.
         lags, load = measure_lag(src, dst, state, args.rate, args.seconds, 11 + half, args.wait_quiet)

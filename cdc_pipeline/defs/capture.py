@@ -43,7 +43,7 @@ from dagster import (
 from cdc_pipeline.capture.drain import Drain, DrainStats
 from cdc_pipeline.config import PipelineConfig
 from cdc_pipeline.config.errors import describe_error
-from cdc_pipeline.core.positions import Position
+from cdc_pipeline.core.positions import Position, position_lsn_text
 from cdc_pipeline.defs.asset_data import ChangeLogData, SourceTableData
 from cdc_pipeline.defs.health import SLOT_LAG_CHECK, SLOT_LAG_DESCRIPTION, log_head, slot_check, slot_figures
 from cdc_pipeline.defs.materialize import CATCH_UP_SECONDS, clicked, drain_elsewhere
@@ -103,7 +103,7 @@ def build_change_log_asset(spec: AssetSpec, tables: list[str]) -> AssetsDefiniti
                                                                                dict[str, str]]:
             version = position_version(head)
             tags = provenance_tags(version, context.run_id, upstream_inputs(context.instance, sources))
-            return version, {**figures, "log_head": version.value}, tags
+            return version, {**figures, "log_head": version.value, "log_head_lsn": position_lsn_text(head)}, tags
 
         def poll() -> list[Any]:
             figures = drain_figures(pipeline)

@@ -126,7 +126,7 @@ def build_sink_asset(sink: SinkConfig, spec: AssetSpec, log_key: AssetKey) -> As
             if log_input is not None:
                 pace.recorded(offset, log_input, log.version, now)
                 _, tags = materialization(figures, log, log_input)
-                events.append(AssetMaterialization(key, metadata=figures, tags=tags))
+                events.append(AssetMaterialization(key, metadata=shown(figures), tags=tags))
             if parked_warning.due(int(figures.get("parked") or 0), now):
                 context.log.warning(parked_line(sink.name, figures))
             return events + gate.changed(sink_checks(pipeline, key, figures, sink.name))
@@ -149,9 +149,15 @@ def build_sink_asset(sink: SinkConfig, spec: AssetSpec, log_key: AssetKey) -> As
         version, tags = materialization(figures, log, log.version if held and log.version else figures["offset"])
         yield from sink_checks(pipeline, key, figures, sink.name)
         yield MaterializeResult(
-            metadata={**stats.as_metadata(), **figures, "dry_run": config.dry_run}, data_version=version, tags=tags)
+            metadata=shown({**stats.as_metadata(), **figures, "dry_run": config.dry_run}), data_version=version,
+            tags=tags)
 
     return _deliver
+
+
+def shown(figures: dict[str, Any]) -> dict[str, Any]:
+    """Metadata as the UI shows it: no empty values (Dagster would print `null`)."""
+    return {k: v for k, v in figures.items() if v is not None and v != ""}
 
 
 def parked_line(sink: str, figures: dict[str, Any]) -> str:

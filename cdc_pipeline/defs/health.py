@@ -81,7 +81,7 @@ def sink_figures(pipeline: PipelineConfig, sink: SinkConfig) -> dict[str, Any]:
         parked = store.failed_summary(conn, sink.name)
         changes = relations.schema_changes(conn, pipeline.state.schema_name)  # capture/schema_changes.py
     last = "; ".join(f"{t}: {c.get('summary')} (at {c.get('at')})" for t, c in changes.items() if t in sink.tables)
-    return {"offset": f"{offset[0]}:{offset[1]}", "lag_messages": backlog,
+    return {"offset": f"{offset[0]}:{offset[1]}", "offset_lsn": position_lsn_text(offset), "lag_messages": backlog,
             "lag_seconds": round(age or 0.0, 3), "delivered_total": delivered,
             **parked, "backlog_error": backlog_problem(pipeline, sink, age),
             **({"last_schema_change": last} if last else {})}

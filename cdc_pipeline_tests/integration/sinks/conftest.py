@@ -324,3 +324,27 @@ def http_pull_sink(source_db: Database, monkeypatch: pytest.MonkeyPatch) -> Sink
 
     return SinkUnderTest(destination=lambda: {"type": "http_pull", "token_env": "CDC_CONTRACT_TOKEN"},
                          received=received)
+
+
+# Amazon SQS (a FIFO queue), SNS (a FIFO topic read through a FIFO queue) and Kinesis (two shards, read shard
+# by shard) on moto's server (moto_contract.py, which also says why Typesense is not in the suite).
+
+@contract_sink
+def sqs_sink() -> Iterator[SinkUnderTest]:
+    from cdc_pipeline_tests.integration.sinks.moto_contract import moto_contract
+
+    yield from moto_contract("sqs")
+
+
+@contract_sink
+def sns_sink() -> Iterator[SinkUnderTest]:
+    from cdc_pipeline_tests.integration.sinks.moto_contract import moto_contract
+
+    yield from moto_contract("sns")
+
+
+@contract_sink
+def kinesis_sink() -> Iterator[SinkUnderTest]:
+    from cdc_pipeline_tests.integration.sinks.moto_contract import moto_contract
+
+    yield from moto_contract("kinesis")
