@@ -34,12 +34,17 @@ def test_a_signal_during_the_imports_is_a_clean_stop(verb, signum, source_db, db
     config = write_config(mirror_config(source_db.dsn, db_factory().dsn, ["public.t"]))
     setup(config)
     proc = spawn(str(tmp_path / "cdc.yaml"), verb)
-    deadline = time.monotonic() + 30
-    # The first moment our handlers are set (polled without a pause): SIGTERM's, since Python's own start-up
-    # already catches SIGINT (KeyboardInterrupt) before any of our code runs.
-    while not _catches(proc.pid, signal.SIGTERM):
-        assert proc.poll() is None and time.monotonic() < deadline, "never handled the signal"
-    assert not _loaded(proc.pid, "pydantic_core"), "the handlers were set only after the heavy imports"
-    code, _out, err = stop(proc, signum, timeout=60)
+    try:
+        deadline = time.monotonic() + 30
+        # The first moment our handlers are set (polled without a pause): SIGTERM's, since Python's own
+        # start-up already catches SIGINT (KeyboardInterrupt) before any of our code runs.
+        while not _catches(proc.pid, signal.SIGTERM):
+            assert proc.poll() is None and time.monotonic() < deadline, "never handled the signal"
+        assert not _loaded(proc.pid, "pydantic_core"), "the handlers were set only after the heavy imports"
+        code, _out, err = stop(proc, signum, timeout=60)
+    finally:
+        if proc.poll() is None:  # a failed assertion must not leave the verb running
+            proc.kill()
+            proc.wait(30)
     assert code == 0, err[-2000:]
     assert "Traceback" not in err
