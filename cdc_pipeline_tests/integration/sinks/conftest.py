@@ -324,3 +324,73 @@ def http_pull_sink(source_db: Database, monkeypatch: pytest.MonkeyPatch) -> Sink
 
     return SinkUnderTest(destination=lambda: {"type": "http_pull", "token_env": "CDC_CONTRACT_TOKEN"},
                          received=received)
+
+
+# Amazon SQS (a FIFO queue), SNS (a FIFO topic read through a FIFO queue) and Kinesis (two shards, read shard
+# by shard) on moto's server (moto_contract.py, which also says why Typesense is not in the suite).
+
+@contract_sink
+def sqs_sink() -> Iterator[SinkUnderTest]:
+    from cdc_pipeline_tests.integration.sinks.moto_contract import moto_contract
+
+    yield from moto_contract("sqs")
+
+
+@contract_sink
+def sns_sink() -> Iterator[SinkUnderTest]:
+    from cdc_pipeline_tests.integration.sinks.moto_contract import moto_contract
+
+    yield from moto_contract("sns")
+
+
+@contract_sink
+def kinesis_sink() -> Iterator[SinkUnderTest]:
+    from cdc_pipeline_tests.integration.sinks.moto_contract import moto_contract
+
+    yield from moto_contract("kinesis")
+
+
+_LAKE_LACKS = {"poison": "every value of the suite's table (int, int, text) has an exact lake type: none is refused",
+               "outage": "a local directory is not down", "unreachable": "a local directory: nothing to connect to"}
+
+
+def _lake_sink(fmt: str, tmp_path: Path, config_of: Callable[[], Any]) -> SinkUnderTest:
+    """Append mode: a row per message read back by the format's own reader; the message rebuilt from the row
+    (the table is the source table's, so its schema and name). Its order is positions' (one commit per call)."""
+    import json
+
+    from cdc_pipeline_tests.lake import read_table
+
+    dest = {"type": fmt, "mode": "append", "flush_seconds": 0,
+            **({"path": str(tmp_path / "delta")} if fmt == "delta" else {"warehouse": f"file://{tmp_path}/wh"})}
+
+    def received() -> list[Got]:
+        try:
+            table = read_table(config_of(), "public.t", "s")
+        except Exception:  # no table yet: nothing delivered
+            return []
+        rows = sorted(table.to_pylist(), key=lambda r: (r["commit_lsn"], r["commit_idx"]))
+        return [Got({"record": {"id": r["id"], "g": r["g"], "v": r["v"]},
+                     "changes": json.loads(r["changes"]) if r["changes"] else None, "action": r["action"],
+                     "metadata": {"table_schema": "public", "table_name": "t", "commit_lsn": r["commit_lsn"],
+                                  "commit_idx": r["commit_idx"], "idempotency_key": r["idempotency_key"]}},
+                    r["idempotency_key"]) for r in rows]
+
+    return SinkUnderTest(destination=lambda: dest, received=received, ordered=False)
+
+
+@contract_sink(lacks=_LAKE_LACKS)
+def delta_sink(tmp_path: Path) -> SinkUnderTest:
+    return _lake_sink("delta", tmp_path, lambda: _last_config(tmp_path))
+
+
+@contract_sink(lacks=_LAKE_LACKS)
+def iceberg_sink(tmp_path: Path) -> SinkUnderTest:
+    return _lake_sink("iceberg", tmp_path, lambda: _last_config(tmp_path))
+
+
+def _last_config(tmp_path: Path) -> Any:
+    """The pipeline's config, as the suite's `pipeline` wrote it (the write_config fixture's file)."""
+    from cdc_pipeline.config import load_config
+
+    return load_config(str(tmp_path / "cdc.yaml"))
