@@ -238,6 +238,11 @@ MIGRATIONS: list[str] = [
         changed_at  timestamptz NOT NULL DEFAULT now()
     );
     """,
+    # 11: each table's last schema change as the drain logged it (capture/schema_changes.py): status, metrics
+    # and Dagster show it.
+    """
+    ALTER TABLE {s}.relations ADD COLUMN IF NOT EXISTS last_schema_change jsonb;
+    """,
 ]
 
 
