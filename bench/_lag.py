@@ -128,8 +128,15 @@ def measure_lag(src: str, dst: str, state: psycopg.Connection, rate: int, second
     last, _ = log_head(state)
     wait_until(lambda: sink_position(state)[0] >= last, 600, "the mirror to catch up")
     changes = state.execute(
-        "SELECT (pk::jsonb->>0)::bigint, (record->>'ver')::bigint, extract(epoch FROM commit_ts) "
+        "SELECT (pk::jsonb->>0)::bigint, (record->>'ver')::bigint, extract(epoch FROM commit_ts), "
+        "extract(epoch FROM pg_xact_commit_timestamp(xmin)) "
         "FROM cdc_pipeline.change_log WHERE (commit_lsn, commit_idx) > (%s, %s)", head).fetchall()
+    # The capture part of each lag: source commit -> the drain's commit of it to the log (the state database is
+    # in the same cluster, whose track_commit_timestamp gives both); None where it is elsewhere.
+    logged_in = sorted(float(c[3]) - float(c[2]) for c in changes if c[3] is not None)
+    if logged_in:
+        print(f"capture part (source commit -> log commit): p50 {1000 * logged_in[len(logged_in) // 2]:.0f} ms, "
+              f"p99 {1000 * logged_in[int(len(logged_in) * 0.99)]:.0f} ms")
     with psycopg.connect(dst, autocommit=True) as conn:
         writes = conn.execute("SELECT id, ver, extract(epoch FROM pg_xact_commit_timestamp(xid::text::xid)) "
                               "FROM public.bench_lag").fetchall()
@@ -137,7 +144,7 @@ def measure_lag(src: str, dst: str, state: psycopg.Connection, rate: int, second
     for i, v, ts in writes:
         by_id[i].append((v, float(ts)))
     lags: list[float] = []
-    for i, v, ts in changes:
+    for i, v, ts, _ in changes:
         seen = sorted(by_id.get(i, []))
         k = bisect_left(seen, (v, float("-inf")))
         if k == len(seen):

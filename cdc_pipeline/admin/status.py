@@ -24,9 +24,13 @@ from cdc_pipeline.state.store import Store
 def collect(config: PipelineConfig) -> dict[str, Any]:
     out: dict[str, Any] = {"slot": None, "log": None, "sinks": {}}
     schema = config.state.schema_name
-    with session.connect(config.source.dsn, autocommit=True) as src:
-        slot = catalog.slot_info(src, config.source.slot)
-        server = source_server.identify(src)
+    try:
+        with session.connect(config.source.dsn, autocommit=True) as src:
+            slot = catalog.slot_info(src, config.source.slot)
+            server = source_server.identify(src)
+    except Exception as exc:
+        exc.cdc_database = "source"  # type: ignore[attr-defined]  # /readyz names the database that failed
+        raise
     with session.connect(config.state_dsn, autocommit=True) as conn:
         if not schema_exists(conn, schema):
             out["error"] = "state schema missing: run `cdc-pipeline setup`"

@@ -342,7 +342,7 @@ class Drain:
                             stats.heartbeats += 1
             if not in_txn and pending_end and (
                 pending_changes >= cfg.batch_rows or time.monotonic() - pending_since >= cfg.batch_ms / 1000
-                or idle or self._stop.is_set()
+                or idle or self._stop.is_set() or not stream.waiting()  # a quiet stream: commit now
             ):
                 committed = self._commit(state, stream, stats, pending_end, ts)
                 pending_end = pending_changes = 0

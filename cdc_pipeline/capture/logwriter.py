@@ -12,7 +12,7 @@ import psycopg
 
 from cdc_pipeline.capture import source_server
 from cdc_pipeline.capture.changes import LOG_COLUMNS, LogRow
-from cdc_pipeline.state import slot_progress
+from cdc_pipeline.state import notify, slot_progress
 
 log = logging.getLogger("cdc_pipeline.capture.drain")
 
@@ -57,6 +57,7 @@ class LogWriter:
     def commit(self, state: psycopg.Connection, end_lsn: int, ts: object) -> None:
         self.flush(state)
         self.save_progress(state, end_lsn, ts)
+        notify.announce(state, self.schema)  # deliverers wake when this commits (state/notify.py)
         state.commit()
         if self.unrecorded and self.server is not None:
             self.unrecorded = False

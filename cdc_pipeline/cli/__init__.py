@@ -35,6 +35,8 @@ VERBS: dict[str, str] = {
     "replay": "consumers:replay",
     "demo": "demo:demo",
 }
+# Long-running verbs stop cleanly on a signal, also one that came before they started (console.py).
+STOPPABLE = frozenset({"drain", "deliver", "serve", "api-sync", "backfill", "demo"})
 
 
 class _Verbs(click.Group):
@@ -65,6 +67,12 @@ def cli(ctx: click.Context, config: str | None, verbose: bool) -> None:
     Dagster op or sensor that does the job."""
     settings = ctx.ensure_object(Settings)
     settings.config, settings.verbose = config, verbose
+    if ctx.invoked_subcommand not in STOPPABLE:
+        # The console script took the signals first thing (console.py); a short verb gets their previous
+        # handling back, and one that came during start-up ends it as it would have.
+        from cdc_pipeline.ops.signals import shutdown
+
+        shutdown.release()
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 

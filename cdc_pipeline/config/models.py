@@ -93,8 +93,8 @@ class DrainConfig(StrictModel):
                                      "idle database's slot advances.")
     batch_rows: int = Field(default=20000, gt=0, description="Write the drain's buffer to the log at this many "
                             "rows (or `batch_bytes`, whichever first).")
-    batch_ms: int = Field(default=200, gt=0, description="Commit to the log at least this often (bounds the "
-                          "capture part of the commit-to-sink latency).")
+    batch_ms: int = Field(default=200, gt=0, description="Commit to the log at least this often while changes "
+                          "keep coming (a quiet stream is committed at once).")
     idle_seconds: float = Field(default=2, gt=0, description=_DEPRECATED)  # loading.DEPRECATED_KEYS
     run_minutes: float = Field(default=30, gt=0, description="Dagster: one `cdc_drain` run streams this long, "
                                "then the drain sensor starts the next one.")
@@ -131,8 +131,8 @@ class DeliveryConfig(StrictModel):
                             "The log is read and staged in blocks of at least 1,000 rows whatever the size.")
     batch_bytes: int = Field(default=64 * 1024 * 1024, gt=0, description="A batch also ends once its messages "
                              "hold this many bytes of record and changes JSON (at least one message per batch).")
-    idle_seconds: float = Field(default=0.25, gt=0, description="How often a long-running delivery polls an "
-                                "idle log (bounds the delivery part of the latency).")
+    idle_seconds: float = Field(default=0.25, gt=0, description="How often a long-running delivery looks at "
+                                "an idle log without being told (the drain's notification wakes it at once).")
     lag_trigger_messages: int = Field(default=1, ge=1, description=_DEPRECATED)  # loading.DEPRECATED_KEYS
     max_parked_age_seconds: float = Field(default=3600, gt=0, description="Dagster: `no_stale_parked_messages` "
                                           "warns when a message has been parked longer than this.")

@@ -65,7 +65,9 @@ class TableConfig(StrictModel):
     sort_column: str | None = Field(default=None, description="Column of partial backfills and partitions "
                                     "(rows where it is NULL are in no partition).")
     group_columns: list[str] | None = Field(default=None, min_length=1, description="Record columns that group "
-                                            "messages for ordering; default: the primary key.")
+                                            "messages for ordering; default: the primary key. They must be in the "
+                                            "table's replica identity (in practice `REPLICA IDENTITY FULL`): a "
+                                            "delete's old tuple carries only the identity (`check` reports it).")
     partitions: PartitionsConfig | None = Field(default=None, description="Dagster partitions of the table's "
                                                 "backfill asset; requires `sort_column`.")
 

@@ -3,7 +3,7 @@ replay, resources) makes its own `Definitions`, merged here.
 
 The asset graph is the data's lineage: source tables (``source/<schema>/<table>``, specs only) ->
 ``cdc/change_log`` (materialized by the long-lived drain run) -> ``sink/<name>`` (each materialized by
-its long-lived delivery run); a table's backfill is ``cdc/snapshot/<schema>/<table>``, downstream of
+its long-lived delivery run); a table's backfill is ``cdc/snapshot/<schema>/<table>_snapshot``, downstream of
 its source table and upstream of the sinks that receive it. Every asset's spec (key, group, ...) comes
 from a `CdcTranslator`.
 """

@@ -15,6 +15,7 @@ window, which is the same backfill while it is active: it resumes from the check
 
 import math
 import warnings
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -55,6 +56,7 @@ from cdc_pipeline.config import ConfigError, PipelineConfig, TableConfig, redact
 from cdc_pipeline.config.errors import without_secrets
 from cdc_pipeline.core.backfill_origin import dagster_links, dagster_origin, started_by
 from cdc_pipeline.defs.asset_data import SnapshotData
+from cdc_pipeline.defs.materialize import backfill_not_asked
 from cdc_pipeline.defs.resources import CdcConfigResource
 from cdc_pipeline.defs.tags import BACKFILL_ID_TAG, BACKFILL_TAGS, DAGSTER_BACKFILL_TAG, ROW_COUNT
 from cdc_pipeline.defs.translator import CdcTranslator, asset_args
@@ -132,11 +134,17 @@ def run_origin(context: AssetExecutionContext) -> str:
                           context.partition_key if context.has_partition_key else None)
 
 
-def build_backfill_asset(table: TableConfig, spec: AssetSpec) -> AssetsDefinition:
+def build_backfill_asset(table: TableConfig, spec: AssetSpec, snapshot_keys: list[AssetKey]) -> AssetsDefinition:
     """The table's snapshot in the change log (its rows as read messages): what a backfill produces."""
 
-    @asset(**asset_args(spec), partitions_def=partitions_for(table), retry_policy=BACKFILL_RETRY, pool=POOL)
-    def _backfill(context: AssetExecutionContext, config: BackfillRunConfig, cdc: CdcConfigResource) -> MaterializeResult:
+    @asset(**asset_args(spec), partitions_def=partitions_for(table), retry_policy=BACKFILL_RETRY, pool=POOL,
+           output_required=False)
+    def _backfill(context: AssetExecutionContext, config: BackfillRunConfig,
+                  cdc: CdcConfigResource) -> Iterator[MaterializeResult]:
+        not_asked = backfill_not_asked(context, snapshot_keys, backfill_job_name(table))
+        if not_asked:  # e.g. the lineage's "Materialize all" (defs/materialize.py)
+            context.log.info(not_asked)
+            return
         pipeline = cdc.load()
         start, end = window_of(context, table)
         request = BackfillRequest(
@@ -167,7 +175,7 @@ def build_backfill_asset(table: TableConfig, spec: AssetSpec) -> AssetsDefinitio
         if result.status != "completed":
             raise Failure(description=f"backfill {result.backfill_id} ended {result.status}",
                           metadata=_metadata(result), allow_retries=result.status == "interrupted")
-        return MaterializeResult(metadata=_metadata(result))
+        yield MaterializeResult(metadata=_metadata(result))
 
     return _backfill
 
@@ -243,9 +251,9 @@ def build_backfill_schedule(job: Any, table: TableConfig) -> Any:
 def backfill_definitions(pipeline: PipelineConfig, translator: CdcTranslator) -> Definitions:
     """Per configured table: its snapshot asset, check and job, and its schedule when time-partitioned."""
     assets, checks, jobs, schedules = [], [], [], []
-    for table in pipeline.tables:
-        spec = translator.get_asset_spec(SnapshotData(pipeline, table))
-        assets.append(build_backfill_asset(table, spec))
+    specs = [translator.get_asset_spec(SnapshotData(pipeline, table)) for table in pipeline.tables]
+    for table, spec in zip(pipeline.tables, specs, strict=True):
+        assets.append(build_backfill_asset(table, spec, [s.key for s in specs]))
         checks.append(build_backfill_check(table, spec.key))
         job = build_backfill_job(table, spec.key)
         jobs.append(job)

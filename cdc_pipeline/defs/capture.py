@@ -15,11 +15,14 @@ from collections.abc import Iterator
 from typing import Any
 
 from dagster import (
+    AssetCheckExecutionContext,
     AssetCheckResult,
+    AssetChecksDefinition,
     AssetExecutionContext,
     AssetKey,
     AssetMaterialization,
     AssetsDefinition,
+    AssetSelection,
     AssetSpec,
     Config,
     DataVersion,
@@ -31,6 +34,7 @@ from dagster import (
     SensorResult,
     SkipReason,
     asset,
+    asset_check,
     define_asset_job,
     in_process_executor,
     sensor,
@@ -39,9 +43,10 @@ from dagster import (
 from cdc_pipeline.capture.drain import Drain, DrainStats
 from cdc_pipeline.config import PipelineConfig
 from cdc_pipeline.config.errors import describe_error
-from cdc_pipeline.core.positions import Position
+from cdc_pipeline.core.positions import Position, position_lsn_text
 from cdc_pipeline.defs.asset_data import ChangeLogData, SourceTableData
-from cdc_pipeline.defs.health import log_head, slot_check, slot_figures, slot_lag_spec
+from cdc_pipeline.defs.health import SLOT_LAG_CHECK, SLOT_LAG_DESCRIPTION, log_head, slot_check, slot_figures
+from cdc_pipeline.defs.materialize import CATCH_UP_SECONDS, clicked, drain_elsewhere
 from cdc_pipeline.defs.pacing import CheckGate, LogPace
 from cdc_pipeline.defs.resources import CdcConfigResource
 from cdc_pipeline.defs.run_metrics import run_metrics
@@ -75,12 +80,21 @@ def build_change_log_asset(spec: AssetSpec, tables: list[str]) -> AssetsDefiniti
     key = spec.key
     sources = [dep.asset_key for dep in spec.deps]
 
-    @asset(**asset_args(spec), check_specs=[slot_lag_spec(key)])
+    @asset(**asset_args(spec), output_required=False)
     def _change_log(context: AssetExecutionContext, config: DrainRunConfig, cdc: CdcConfigResource) -> Iterator[Any]:
         pipeline = cdc.load()
+        seconds = config.max_seconds or pipeline.drain.run_minutes * 60
+        until_idle = config.until_idle
+        if clicked(context, [DRAIN_JOB]):  # a Materialize click: never a second stream (defs/materialize.py)
+            elsewhere = drain_elsewhere(context, pipeline, [DRAIN_JOB])
+            if elsewhere is not None:
+                context.log.info(f"the drain already streams ({elsewhere}): nothing to do, this run ends")
+                return
+            seconds, until_idle = min(seconds, CATCH_UP_SECONDS), True
+            context.log.info(f"no drain streams: catching up until idle (at most {seconds:.0f} s); the "
+                             "cdc_drain_sensor keeps the long-lived drain run")
         wait_for_predecessor(context, context.log)
         drain = Drain(pipeline)
-        seconds = config.max_seconds or pipeline.drain.run_minutes * 60
         pace = LogPace(pipeline.drain.report_seconds, time.monotonic())
         gate = CheckGate()
         context.log.info(f"draining slot {pipeline.source.slot!r} for {seconds:.0f} s")
@@ -89,7 +103,7 @@ def build_change_log_asset(spec: AssetSpec, tables: list[str]) -> AssetsDefiniti
                                                                                dict[str, str]]:
             version = position_version(head)
             tags = provenance_tags(version, context.run_id, upstream_inputs(context.instance, sources))
-            return version, {**figures, "log_head": version.value}, tags
+            return version, {**figures, "log_head": version.value, "log_head_lsn": position_lsn_text(head)}, tags
 
         def poll() -> list[Any]:
             figures = drain_figures(pipeline)
@@ -104,15 +118,14 @@ def build_change_log_asset(spec: AssetSpec, tables: list[str]) -> AssetsDefiniti
         # The same /metrics, /healthz, /readyz as `drain --metrics-port`, on the drain's port of the map.
         with run_metrics(context.log, pipeline, run_port(pipeline), lambda: [drain], [drain_streaming(drain)]):
             stats = yield from stream_while(
-                "cdc-drain", lambda: drain.run(seconds=seconds, until_idle=config.until_idle), drain.stop, poll,
+                "cdc-drain", lambda: drain.run(seconds=seconds, until_idle=until_idle), drain.stop, poll,
                 EVENT_SECONDS, lambda exc: context.log.warning(f"could not read the slot's figures: {exc}"),
                 lambda result: context.log.info(_stopped(result)))
         context.log.info(f"drained {stats.changes} changes ({stats.rate:.0f}/s) in {stats.seconds:.0f} s")
         figures = drain_figures(pipeline, stats)
         version, metadata, tags = materialization(figures, log_head(pipeline, tables))
-        check = slot_check(pipeline, key, figures)
-        yield MaterializeResult(metadata=metadata, data_version=version, tags=tags, check_results=[AssetCheckResult(
-            check_name=check.check_name, passed=check.passed, severity=check.severity, metadata=check.metadata)])
+        yield slot_check(pipeline, key, figures)
+        yield MaterializeResult(metadata=metadata, data_version=version, tags=tags)
 
     return _change_log
 
@@ -125,9 +138,23 @@ def _stopped(result: Any) -> str:
     return f"drain stopped on request ({result})"
 
 
+def build_slot_check(key: AssetKey) -> AssetChecksDefinition:
+    """`slot_lag_below_max` as a definition of its own: the drain run records it while it streams, the
+    sensor when no drain runs, and the Checks tab's Execute reads it once."""
+
+    @asset_check(asset=key, name=SLOT_LAG_CHECK, description=SLOT_LAG_DESCRIPTION)
+    def _check(context: AssetCheckExecutionContext, cdc: CdcConfigResource) -> AssetCheckResult:
+        pipeline = cdc.load()
+        ev = slot_check(pipeline, key, slot_figures(pipeline))
+        return AssetCheckResult(passed=ev.passed, severity=ev.severity, description=ev.description,
+                                metadata=ev.metadata)
+
+    return _check
+
+
 def build_drain_job(key: AssetKey) -> Any:
     # In process: the run worker is the drain (no step subprocess to start or to forward a terminate to).
-    return define_asset_job(DRAIN_JOB, selection=[key], tags={**DRAIN_TAGS, **NO_RUN_RETRIES},
+    return define_asset_job(DRAIN_JOB, selection=AssetSelection.assets(key).without_checks(), tags={**DRAIN_TAGS, **NO_RUN_RETRIES},
                             executor_def=in_process_executor,
                             description="Streams the replication slot into the change log (long-lived)")
 
@@ -159,4 +186,5 @@ def capture_definitions(pipeline: PipelineConfig, translator: CdcTranslator) -> 
     change_log = translator.get_asset_spec(ChangeLogData(pipeline))
     job = build_drain_job(change_log.key)
     return Definitions(assets=[*sources, build_change_log_asset(change_log, source_tables(pipeline))], jobs=[job],
+                       asset_checks=[build_slot_check(change_log.key)],
                        sensors=[build_drain_sensor(job, change_log.key)])

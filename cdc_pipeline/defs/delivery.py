@@ -40,6 +40,7 @@ from cdc_pipeline.core.lanes import lane_name
 from cdc_pipeline.core.positions import START
 from cdc_pipeline.defs.asset_data import ChangeLogData, SinkData
 from cdc_pipeline.defs.health import failed_job_name, sink_checks, sink_figures
+from cdc_pipeline.defs.materialize import CATCH_UP_SECONDS, clicked, delivery_elsewhere
 from cdc_pipeline.defs.pacing import CheckGate, ParkedWarning, SinkPace, covers
 from cdc_pipeline.defs.resources import CdcConfigResource, SinksResource, SparkResource
 from cdc_pipeline.defs.run_metrics import run_metrics
@@ -76,16 +77,28 @@ def build_sink_asset(sink: SinkConfig, spec: AssetSpec, log_key: AssetKey) -> As
     key = spec.key
     others = [dep.asset_key for dep in spec.deps if dep.asset_key != log_key]  # the snapshots
 
-    @asset(**asset_args(spec))
+    own_jobs = [delivery_job_name(sink.name, lane, sink.lanes) for lane in range(sink.lanes)]
+
+    @asset(**asset_args(spec), output_required=False)
     def _deliver(context: AssetExecutionContext, config: DeliveryRunConfig, cdc: CdcConfigResource,
                  pyspark: SparkResource, sinks: SinksResource) -> Iterator[Any]:
         pipeline = cdc.load()
-        wait_for_predecessor(context, context.log)  # a successor: Spark is warm, take over without a gap
         sink_config = pipeline.sink(sink.name)
+        seconds = config.max_seconds or pipeline.delivery.run_minutes * 60
+        until_idle = config.until_idle
+        if clicked(context, own_jobs):  # a Materialize click: never a second stream (defs/materialize.py)
+            elsewhere = delivery_elsewhere(context, pipeline, sink_config, own_jobs)
+            if elsewhere is not None:
+                context.log.info(f"sink {sink.name} is already being delivered ({elsewhere}): nothing to do, "
+                                 "this run ends")
+                return
+            seconds, until_idle = min(seconds, CATCH_UP_SECONDS), True
+            context.log.info(f"no delivery of {sink.name} runs: catching up until idle (at most {seconds:.0f} s); "
+                             "the cdc_delivery_sensor keeps the long-lived delivery runs")
+        wait_for_predecessor(context, context.log)  # a successor: Spark is warm, take over without a gap
         destination = None if config.dry_run else sinks.build(sink.name)
         deliverer = Deliverer(pipeline, sink_config, pyspark.spark_session, sink=destination,
                               dry_run=config.dry_run, lane=config.lane)
-        seconds = config.max_seconds or pipeline.delivery.run_minutes * 60
         pace = SinkPace(pipeline.delivery.report_seconds, time.monotonic())
         gate = CheckGate()
         parked_warning = ParkedWarning()
@@ -113,7 +126,7 @@ def build_sink_asset(sink: SinkConfig, spec: AssetSpec, log_key: AssetKey) -> As
             if log_input is not None:
                 pace.recorded(offset, log_input, log.version, now)
                 _, tags = materialization(figures, log, log_input)
-                events.append(AssetMaterialization(key, metadata=figures, tags=tags))
+                events.append(AssetMaterialization(key, metadata=shown(figures), tags=tags))
             if parked_warning.due(int(figures.get("parked") or 0), now):
                 context.log.warning(parked_line(sink.name, figures))
             return events + gate.changed(sink_checks(pipeline, key, figures, sink.name))
@@ -125,7 +138,7 @@ def build_sink_asset(sink: SinkConfig, spec: AssetSpec, log_key: AssetKey) -> As
                          [deliverers_not_waiting(lambda: [deliverer])]):
             stats = yield from stream_while(
                 f"cdc-deliver-{deliverer.lane.name}",
-                lambda: deliverer.run(until_idle=config.until_idle, seconds=seconds),
+                lambda: deliverer.run(until_idle=until_idle, seconds=seconds),
                 deliverer.stop, poll, EVENT_SECONDS,
                 lambda exc: context.log.warning(f"could not read sink {sink.name}'s figures: {exc}"),
                 lambda result: context.log.info(_stopped(sink.name, result)))
@@ -136,9 +149,15 @@ def build_sink_asset(sink: SinkConfig, spec: AssetSpec, log_key: AssetKey) -> As
         version, tags = materialization(figures, log, log.version if held and log.version else figures["offset"])
         yield from sink_checks(pipeline, key, figures, sink.name)
         yield MaterializeResult(
-            metadata={**stats.as_metadata(), **figures, "dry_run": config.dry_run}, data_version=version, tags=tags)
+            metadata=shown({**stats.as_metadata(), **figures, "dry_run": config.dry_run}), data_version=version,
+            tags=tags)
 
     return _deliver
+
+
+def shown(figures: dict[str, Any]) -> dict[str, Any]:
+    """Metadata as the UI shows it: no empty values (Dagster would print `null`)."""
+    return {k: v for k, v in figures.items() if v is not None and v != ""}
 
 
 def parked_line(sink: str, figures: dict[str, Any]) -> str:

@@ -12,7 +12,6 @@ from typing import Any
 from dagster import (
     AssetCheckEvaluation,
     AssetCheckSeverity,
-    AssetCheckSpec,
     AssetKey,
     MetadataValue,
     TableColumn,
@@ -34,18 +33,7 @@ PARKED_CHECK = "no_stale_parked_messages"
 BACKLOG_LIMIT = 10_000_000  # counting a sink's backlog stops here: cheap enough to ask every few seconds
 
 
-def slot_lag_spec(key: AssetKey) -> AssetCheckSpec:
-    return AssetCheckSpec(SLOT_LAG_CHECK, asset=key,
-                          description="The drain keeps up: the slot is at most drain.max_lag_seconds behind")
-
-
-def sink_check_specs(key: AssetKey) -> list[AssetCheckSpec]:
-    return [
-        AssetCheckSpec(SINK_LAG_CHECK, asset=key, description="The oldest undelivered change is at most "
-                       "delivery.max_lag_seconds old"),
-        AssetCheckSpec(PARKED_CHECK, asset=key, description="No message parked longer than "
-                       "delivery.max_parked_age_seconds"),
-    ]
+SLOT_LAG_DESCRIPTION = "The drain keeps up: the slot is at most drain.max_lag_seconds behind"
 
 
 def slot_figures(pipeline: PipelineConfig) -> dict[str, Any]:
@@ -97,7 +85,7 @@ def sink_figures(pipeline: PipelineConfig, sink: SinkConfig) -> dict[str, Any]:
         backlog = store.backlog(conn, sink.tables, offset, sink.name, BACKLOG_LIMIT) if age is not None else 0
         delivered = store.delivered_total(conn, sink.name)
         parked = store.failed_summary(conn, sink.name)
-    return {"offset": f"{offset[0]}:{offset[1]}", "lag_messages": backlog,
+    return {"offset": f"{offset[0]}:{offset[1]}", "offset_lsn": position_lsn_text(offset), "lag_messages": backlog,
             "lag_seconds": round(age or 0.0, 3), "delivered_total": delivered,
             **parked, "backlog_error": backlog_problem(pipeline, sink, age)}
 

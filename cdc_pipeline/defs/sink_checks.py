@@ -14,7 +14,7 @@ DESCRIPTIONS = {
     SINK_LAG_CHECK: "The oldest undelivered change is at most delivery.max_lag_seconds old",
     PARKED_CHECK: "No message parked (WARN as soon as one is; ERROR once one is parked longer than "
                   "delivery.max_parked_age_seconds). Its metadata lists the parked messages; the jobs "
-                  "retry_failed_messages_<sink> and discard_failed_messages_<sink> act on them.",
+                  "`retry_failed_messages_<sink>` and `discard_failed_messages_<sink>` act on them.",
 }
 
 

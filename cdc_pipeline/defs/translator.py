@@ -4,7 +4,7 @@ group, description, kinds, metadata, tags and owners. Subclass it and pass it to
 to rename keys, regroup assets or add metadata; the YAML component's `translation` is applied there too.
 
 Keys name data, not actions: ``source/<schema>/<table>`` (the source tables, not materialized here),
-``cdc/change_log`` (the ordered log the drain writes), ``cdc/snapshot/<schema>/<table>`` (a table's
+``cdc/change_log`` (the ordered log the drain writes), ``cdc/snapshot/<schema>/<table>_snapshot`` (a table's
 backfill: its rows as read messages in the log), ``sink/<name>`` (what a sink holds) and
 ``api_sync/<source>/<collection>``. A spec's deps are its upstream assets' keys, asked of
 `self.get_asset_spec` in turn, so a subclass that renames keys keeps the lineage connected.
@@ -57,8 +57,9 @@ class CdcTranslator:
         return AssetSpec(
             AssetKey(["cdc", "change_log"]), deps=sources, group_name="cdc", kinds={"postgres"}, tags=DRAIN_TAGS,
             description="Ordered change log in the state database: the drain streams the replication slot "
-                        "into it and acknowledges the slot after each commit. Materializing it runs the drain "
-                        "for drain.run_minutes; the cdc_drain_sensor keeps one such run alive.",
+                        "into it and acknowledges the slot after each commit. The cdc_drain_sensor keeps one "
+                        "long-lived cdc_drain run streaming; Materialize ends at once while it streams (else "
+                        "catches up, at most a minute).",
         )
 
     def _snapshot(self, data: SnapshotData) -> AssetSpec:
@@ -66,7 +67,7 @@ class CdcTranslator:
         what = (f"windows of {table.sort_column} ({table.partitions.kind} partitions)" if table.partitions
                 else "the whole table, by primary key")
         return AssetSpec(
-            AssetKey(["cdc", "snapshot", table.schema_name, table.table_name]),
+            AssetKey(["cdc", "snapshot", table.schema_name, f"{table.table_name}_snapshot"]),
             deps=[self.get_asset_spec(SourceTableData(data.pipeline, table.qualified)).key],
             group_name="cdc", kinds={"postgres"}, tags=BACKFILL_TAGS,
             description=f"Backfills {table.qualified} to its sinks as read messages: {what}. Runs alongside the "
@@ -83,8 +84,9 @@ class CdcTranslator:
             group_name="sink", metadata=sink_metadata(sink), kinds={"spark", sink.destination.type},
             tags=DELIVERY_TAGS,
             description=f"What sink {sink.name} ({sink.destination.type}) holds: the change log of "
-                        f"{', '.join(sink.tables)} through its filter and transform. Materializing it runs a "
-                        "delivery for delivery.run_minutes; the cdc_delivery_sensor keeps one alive while it lags.",
+                        f"{', '.join(sink.tables)} through its filter and transform. The cdc_delivery_sensor keeps "
+                        "a long-lived delivery run alive while it lags; Materialize ends at once while one runs "
+                        "(else catches up, at most a minute).",
         )
 
     def _api_collection(self, data: ApiCollectionData) -> AssetSpec:

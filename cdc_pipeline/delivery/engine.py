@@ -51,6 +51,7 @@ from cdc_pipeline.postgres import session
 from cdc_pipeline.postgres.catalog import TableInfo
 from cdc_pipeline.sinks import build_sink
 from cdc_pipeline.sinks.base import OutboundMessage, Sink
+from cdc_pipeline.state import notify
 from cdc_pipeline.state.base import StateError
 from cdc_pipeline.state.store import LOG_ARROW_SCHEMA, Position, Store
 from cdc_pipeline.state.typed_log import TypedRun
@@ -228,7 +229,9 @@ class Deliverer:
         calls: deque[Call] = deque()  # cut from the loaded block, not handed to the window yet
         turn = False  # the send lock is held while calls are outstanding (_turn)
         ahead: Future[Staged] | None = None
-        with session.connect(self.config.state_dsn) as loader, ThreadPoolExecutor(1) as pool:
+        with session.connect(self.config.state_dsn) as loader, ThreadPoolExecutor(1) as pool, \
+                notify.watching(self.config.state_dsn, self.config.state.schema_name, self._stop, not until_idle,
+                                f"cdc-pipeline deliver {self.lane.name} (listen)") as watch:
             loaded = offset  # the loader's position: the end of the last block read
             idle = False
             block = min(FIRST_BATCH, self.load_size)  # the next block's size (FIRST_BATCH)
@@ -287,7 +290,7 @@ class Deliverer:
                                          " and its resync backfill" if any(t.is_alive() for t in self._resyncs)
                                          else "")
                             idle = True
-                            self._stop.wait(self.config.delivery.idle_seconds)
+                            watch.wait(self.config.delivery.idle_seconds)  # woken by the drain's commit
                             continue
                         idle = False
                         if staged.run is not None:  # relayed from the loader's connection: nothing loads meanwhile

@@ -119,6 +119,48 @@ class DagsterDev:
              "n": limit})
         return data["data"]["sensorOrError"]["sensorState"]["ticks"]  # type: ignore[no-any-return]
 
+    def _sensor_selector(self, sensor: str) -> dict[str, str]:
+        return {"repositoryLocationName": LOCATION, "repositoryName": "__repository__", "sensorName": sensor}
+
+    def stop_sensor(self, sensor: str) -> None:
+        """What the sensor's toggle sends (stopSensor with its state's id)."""
+        data = self.graphql("query($s: SensorSelector!) { sensorOrError(sensorSelector: $s) { ... on Sensor { "
+                            "sensorState { id } } } }", {"s": self._sensor_selector(sensor)})
+        state = (data.get("data") or {}).get("sensorOrError", {}).get("sensorState")
+        if state:
+            self.graphql("mutation($id: String) { stopSensor(id: $id) { __typename } }", {"id": state["id"]})
+
+    def reset_sensor(self, sensor: str) -> None:
+        """Back to its status in code (running, for ours): undoes a stop_sensor of an earlier demo."""
+        self.graphql("mutation($s: SensorSelector!) { resetSensor(sensorSelector: $s) { __typename } }",
+                     {"s": self._sensor_selector(sensor)})
+
+    def active_runs(self) -> list[str]:
+        data = self.graphql('{ runsOrError(filter: {statuses: [QUEUED, NOT_STARTED, STARTING, STARTED, '
+                            'CANCELING]}) { ... on Runs { results { runId } } } }')
+        return [r["runId"] for r in ((data.get("data") or {}).get("runsOrError") or {}).get("results", [])]
+
+    def cancel_runs(self, sensors: list[str], timeout: float = 90.0) -> dict[str, str]:
+        """Stop the sensors, terminate every active run as the UI's Terminate does, and wait until none is
+        active: the runs end Canceled (the streams commit their batch first), not Failure as a killed run
+        worker would. Returns each terminated run's job and final status ('<job> <STATUS>' by run id)."""
+        for sensor in sensors:
+            self.stop_sensor(sensor)
+        deadline = time.monotonic() + timeout
+        seen: set[str] = set()
+        while True:
+            active = self.active_runs()
+            seen.update(active)
+            if not active or time.monotonic() > deadline:
+                break
+            self.graphql("mutation($ids: [String!]!) { terminateRuns(runIds: $ids) { __typename } }",
+                         {"ids": active})
+            time.sleep(1)
+        data = self.graphql("query($ids: [String!]) { runsOrError(filter: {runIds: $ids}) { ... on Runs { "
+                            "results { runId jobName status } } } }", {"ids": sorted(seen)})
+        runs = ((data.get("data") or {}).get("runsOrError") or {}).get("results", [])
+        return {r["runId"]: f"{r['jobName']} {r['status']}" for r in runs}
+
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return

@@ -5,7 +5,7 @@ days of history) and a small steady write load, writes a cdc.yaml (orders partit
 `updated_at`), runs setup, and starts `dagster dev`: its sensors keep a long-lived drain run and a
 long-lived delivery run streaming into a mirror database. In the UI: the lineage (source tables ->
 change log -> sink), lag on the change log and the sink (a materialization a minute while data moves,
-lag checks that turn red within seconds), and the daily partitions of `cdc/snapshot/public/orders` to
+lag checks that turn red within seconds), and the daily partitions of `cdc/snapshot/public/orders_snapshot` to
 backfill. The console says what is happening (demo/console.py); Dagster's own output goes to
 `dagster.log` in the demo's folder. Stops what it started on Ctrl-C, SIGTERM or SIGHUP (or after
 --seconds).
@@ -17,7 +17,10 @@ import os
 import pwd
 import random
 import secrets
+import shutil
+import socket
 import stat
+import sys
 import tempfile
 import threading
 import time
@@ -28,8 +31,9 @@ import yaml
 
 from cdc_pipeline.admin.setup import setup
 from cdc_pipeline.config import ConfigError, load_config
+from cdc_pipeline.config.errors import describe_error
 from cdc_pipeline.demo import console
-from cdc_pipeline.demo.dagster_dev import DagsterDev
+from cdc_pipeline.demo.dagster_dev import DagsterDev, free_port
 from cdc_pipeline.ops.signals import shutdown
 from cdc_pipeline.postgres import embedded, session
 
@@ -94,7 +98,7 @@ def demo_root() -> Path:
     return root
 
 
-def prepare(root: Path) -> tuple[embedded.EmbeddedPostgres, Path]:
+def prepare(root: Path, metrics: int | None = None) -> tuple[embedded.EmbeddedPostgres, Path]:
     cluster = embedded.create(root / "pg", password=secrets.token_urlsafe(24))
     if not cluster.is_running():
         cluster.start()
@@ -106,6 +110,8 @@ def prepare(root: Path) -> tuple[embedded.EmbeddedPostgres, Path]:
     cfg = {
         "source": {"dsn": cluster.dsn("demo"), "slot": "cdc_demo", "publication": "cdc_demo"},
         "spark": {"master": "local[2]"},
+        # The runs serve /metrics: the drain on this port, the sink's run on the next (printed by the guide).
+        **({"metrics": {"run_ports_from": metrics}} if metrics else {}),
         "tables": [{"name": "public.customers"},
                    {"name": "public.orders", "sort_column": "updated_at",
                     "partitions": {"kind": "daily", "start": first_day}}],
@@ -122,12 +128,17 @@ def prepare(root: Path) -> tuple[embedded.EmbeddedPostgres, Path]:
     return cluster, path
 
 
-def run_demo(port: int = 3000, seconds: float | None = None, ui: bool = True) -> int:
-    """Until ``seconds`` have passed or a signal (ops/signals.py) asks it to stop: then it stops `dagster dev`
-    (its daemon, webserver, code server, run workers and their JVMs) and the cluster; a second signal kills
-    them at once."""
+SENSORS = ["cdc_drain_sensor", "cdc_delivery_sensor"]
+
+
+def run_demo(port: int = 3000, seconds: float | None = None, ui: bool = True, keep: bool = False) -> int:
+    """Until ``seconds`` have passed or a signal (ops/signals.py) asks it to stop: then it terminates the runs
+    (they end Canceled), stops `dagster dev` (its daemon, webserver, code server, run workers and their JVMs)
+    and the cluster, and removes its temporary folder unless ``keep``; a second signal kills them at once."""
+    temporary = not os.environ.get(DEMO_DIR_ENV)
     root = demo_root()
-    cluster, config_path = prepare(root)
+    metrics = metrics_ports()
+    cluster, config_path = prepare(root, metrics)
     shutdown.on_force(lambda: cluster.stop(mode="immediate"))  # a daemon: not among our descendants
     stop = threading.Event()
     loader = threading.Thread(target=_load, args=(cluster.dsn("demo"), stop), daemon=True)
@@ -137,18 +148,10 @@ def run_demo(port: int = 3000, seconds: float | None = None, ui: bool = True) ->
     dev = DagsterDev(root / "dagster_home", config_path, cluster.dsn("dagster"), port=port, log=log)
     try:
         if ui:
-            console.say("starting Dagster (dagster dev: webserver, daemon, code server); this takes a minute")
-            dev.start()  # default signal handling in the child, its own process group: stopped by its id
-            for watch in (lambda: console.forward_problems(log_path, stop),
-                          lambda: console.report(load_config(config_path), stop)):
-                threading.Thread(target=watch, daemon=True).start()
-            try:
-                dev.wait_loaded(cancel=shutdown.requested.is_set)
-            except TimeoutError:  # a slow machine: the UI comes up later, the pipeline is already running
-                console.say(f"Dagster is slow to load its code location; see {log_path}")
+            _start_ui(dev, log_path, config_path, stop)
             mirror = cluster.dsn("demo_mirror").replace(f" password={cluster.password}", "")
-            print(GUIDE.format(port=port, config=config_path, mirror=mirror, pw=cluster.root / "password",
-                               log=log_path), flush=True)
+            print(guide(port, config_path, mirror, cluster.root / "password", log_path, metrics, root,
+                        temporary and not keep), flush=True)
         else:
             _pipeline_loop(config_path, stop)
         deadline = None if seconds is None else time.monotonic() + seconds
@@ -156,32 +159,100 @@ def run_demo(port: int = 3000, seconds: float | None = None, ui: bool = True) ->
             if dev.proc is not None and dev.proc.poll() is not None:
                 return dev.proc.returncode or 1
             if shutdown.requested.wait(1):
-                print("stopping the demo: dagster dev, then the database", flush=True)
                 break
     except KeyboardInterrupt:  # run_demo called without the CLI's signal handlers
         pass
     finally:
         stop.set()
-        dev.stop()
+        _stop_ui(dev)
         log.close()
         cluster.stop()
+        _clean_up(root, temporary and not keep)
     return 0
 
 
+def _start_ui(dev: DagsterDev, log_path: Path, config_path: Path, stop: threading.Event) -> None:
+    console.say("starting Dagster (dagster dev: webserver, daemon, code server); this takes a minute")
+    dev.start()  # default signal handling in the child, its own process group: stopped by its id
+    for watch in (lambda: console.forward_problems(log_path, stop),
+                  lambda: console.report(load_config(config_path), stop)):
+        threading.Thread(target=watch, daemon=True).start()
+    try:
+        dev.wait_loaded(cancel=shutdown.requested.is_set)
+        for sensor in SENSORS:  # a kept folder's sensors were stopped at its last exit: on again
+            dev.reset_sensor(sensor)
+    except TimeoutError:  # a slow machine: the UI comes up later, the pipeline is already running
+        console.say(f"Dagster is slow to load its code location; see {log_path}")
+
+
+def _stop_ui(dev: DagsterDev) -> None:
+    """The runs first, as the UI's Terminate does (they end Canceled, their batch committed), then dagster dev."""
+    if dev.proc is None or dev.proc.poll() is not None:
+        return
+    print("stopping the demo: the runs (they end Canceled), dagster dev, then the database", flush=True)
+    try:
+        ended = dev.cancel_runs(SENSORS)
+        if ended:
+            console.say("runs ended: " + ", ".join(f"{what} ({run_id[:8]})" for run_id, what in ended.items()))
+    except Exception as exc:  # dagster dev not answering: stopping it still stops its runs
+        console.say(f"could not terminate the runs through Dagster ({describe_error(exc)}); stopping it")
+    dev.stop()
+
+
+def _clean_up(root: Path, remove: bool) -> None:
+    if remove:
+        shutil.rmtree(root, ignore_errors=True)
+        print(f"removed the demo's folder {root} (--keep keeps it)", flush=True)
+    else:
+        print(f"kept the demo's folder {root}", flush=True)
+
+
+def metrics_ports(sinks: int = 1) -> int:
+    """A base port P with P (the drain run) and P+1.. (each sink's run) free: metrics.run_ports_from."""
+    for _ in range(50):
+        base = free_port()
+        if base + sinks < 65536 and all(_free(base + 1 + i) for i in range(sinks)):
+            return base
+    raise RuntimeError("no free ports for the demo's metrics")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def guide(port: int, config: Path, mirror: str, pw: Path, log: Path, metrics: int, root: Path,
+          removed: bool) -> str:
+    exe = Path(sys.executable).with_name("cdc-pipeline")
+    cli = f"{exe if exe.exists() else 'cdc-pipeline'} --config {config}"
+    return GUIDE.format(port=port, cli=cli, config=config, mirror=mirror, pw=pw, log=log, m0=metrics, m1=metrics + 1,
+                        root=root, at_exit="removed at exit (--keep keeps it)" if removed else "kept at exit")
+
+
 GUIDE = """
-Dagster UI: http://127.0.0.1:{port}   (Ctrl-C stops the demo)
-  Lineage:   Assets > "View global asset lineage": source/public/* -> cdc/change_log -> sink/orders_mirror,
-             and cdc/snapshot/public/orders (the backfill) feeding the sink.
+Dagster UI: http://127.0.0.1:{port}   (Ctrl-C stops the demo: the runs end Canceled)
+  Lineage:   Lineage (top bar): source/public/* -> cdc/change_log -> sink/orders_mirror, and
+             cdc/snapshot/public/orders_snapshot (the backfill) feeding the sink.
   Live lag:  Runs: one cdc_drain run and one deliver_orders_mirror run stream (started by the sensors within
-             ~30 s). Assets > sink/orders_mirror: a materialization a minute while data moves (lag, offset,
-             throughput; its data version is the sink's offset); Checks tab: lag_below_max, recorded when
-             it changes. cdc/change_log: slot_lag_below_max. Live figures: below, and `cdc-pipeline status`.
-  Backfill:  Assets > cdc/snapshot/public/orders > Materialize > pick one or more daily partitions (the
-             last {days} days have history) > Launch. Progress is in the run's logs; rows reach the mirror
-             as read messages without stale reads.
+             ~30 s). Catalog > sink/orders_mirror: a materialization a minute while data moves (lag, offset,
+             throughput; its data version is the sink's offset); Checks tab: lag_below_max and
+             no_stale_parked_messages. cdc/change_log: slot_lag_below_max.
+  Backfill:  Catalog > cdc/snapshot/public/orders_snapshot > Materialize > pick one or more daily partitions
+             (the last {days} days have history) > Launch backfill. At most 2 run at once; progress is in the
+             runs' logs; rows reach the mirror as read messages without stale reads.
+  Failed messages: the sink's no_stale_parked_messages check lists them; Jobs >
+             retry_failed_messages_orders_mirror (or discard_...) > Launchpad, config ids / table / all.
 config: {config}
-mirror: {mirror}  (PGPASSWORD=$(cat {pw}) psql "{mirror}" -c 'select count(*) from mirror.orders')
+status:  {cli} status
+failed:  {cli} failed list
+metrics: http://127.0.0.1:{m0}/metrics (the drain run), http://127.0.0.1:{m1}/metrics (orders_mirror's run)
+mirror:  PGPASSWORD=$(cat {pw}) psql "{mirror}" -c 'select count(*) from mirror.orders'
 Dagster's log (every event, the daemon, Spark): {log}
+folder:  {root}, {at_exit}
 """.replace("{days}", str(HISTORY_DAYS))
 
 

@@ -114,7 +114,7 @@ def register_pipeline_metrics(config: PipelineConfig, runners: Callable[[], list
 
     def state_db() -> str | None:
         collector.status()
-        return f"state database: {collector.status_error}" if collector.status_error else None
+        return collector.status_error  # "source database: ..." or "state database: ...", or None
 
     return collector, [*([state_db] if status_ready else []), *(ready or [])]
 

@@ -49,7 +49,8 @@ class PipelineCollector(Collector):
                     self._cached = (time.monotonic(), self._status_fn())
                     self.status_error = None
                 except Exception as exc:  # the state database may be down: the process's own counters still count
-                    self.status_error = f"{type(exc).__name__}"
+                    where = getattr(exc, "cdc_database", "state")  # admin/status.py marks the source's failures
+                    self.status_error = f"{where} database: {type(exc).__name__}"
                     log.debug("metrics: status failed: %s", exc)
                     return self._cached[1] if self._cached else {}
             return self._cached[1]

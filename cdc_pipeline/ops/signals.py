@@ -27,13 +27,25 @@ class Shutdown:
         self._callbacks: list[Callable[[], object]] = []
         self._on_force: list[Callable[[], object]] = []
         self._lock = threading.Lock()
+        self._previous: dict[int, object] = {}  # the handling before install(): release() restores it
 
     def install(self) -> Shutdown:
         """Take over SIGTERM, SIGINT and SIGHUP (main thread only); also when the shell started us with
         SIGINT ignored (a background job), which would leave only SIGTERM to stop us."""
         for signum in SIGNALS:
-            signal.signal(signum, self._handle)
+            previous = signal.signal(signum, self._handle)
+            if previous != self._handle:  # type: ignore[comparison-overlap]
+                self._previous[signum] = previous
         return self
+
+    def release(self) -> None:
+        """Give the signals their previous handling back (a short verb, which a signal ends as before); one
+        that came already is raised again under it."""
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous.clear()
+        if self.signum is not None:
+            signal.raise_signal(self.signum)
 
     def on_stop(self, callback: Callable[[], object]) -> None:
         """Call ``callback`` on the first signal; at once if it came already."""

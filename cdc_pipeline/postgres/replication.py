@@ -100,6 +100,7 @@ class ReplicationStream:
             raise error
         self.pgconn.nonblocking = 1
         self._socket = self.pgconn.socket
+        self._held: bytes | memoryview | None = None  # a frame read ahead by waiting()
 
     def frames(self, timeout: float) -> Iterator[XLogData | Keepalive]:
         """Yield the frames that arrive within `timeout` seconds (fewer if none arrive)."""
@@ -107,8 +108,11 @@ class ReplicationStream:
         pgconn = self.pgconn
         lock = self._lock
         while True:
-            with lock:
-                nbytes, data = pgconn.get_copy_data(1)
+            if self._held is not None:  # read by waiting()
+                nbytes, data, self._held = 1, self._held, None
+            else:
+                with lock:
+                    nbytes, data = pgconn.get_copy_data(1)
             if nbytes > 0:
                 kind = data[0]
                 if kind == 0x77:  # 'w'
@@ -131,6 +135,20 @@ class ReplicationStream:
             with lock:
                 result = pgconn.get_result()
             raise _error(pgconn, result, "replication stream ended")
+
+    def waiting(self) -> bool:
+        """Whether a frame can be read now (received, or on the socket), without waiting for one: False
+        means the server has sent everything it had, so a batch held for more may as well be committed."""
+        if self._held is not None:
+            return True
+        with self._lock:
+            nbytes, data = self.pgconn.get_copy_data(1)
+            if nbytes == 0 and select.select([self._socket], [], [], 0)[0]:
+                self.pgconn.consume_input()  # OperationalError when the connection is gone
+                nbytes, data = self.pgconn.get_copy_data(1)
+        if nbytes > 0:
+            self._held = data  # frames() yields it first
+        return nbytes != 0  # the end of the stream or an error: frames() raises it
 
     def send_status(self, flush_lsn: int, write_lsn: int | None = None, reply: bool = False) -> None:
         """Report progress. Only `flush_lsn` lets the server recycle WAL: we pass what the log committed."""

@@ -37,7 +37,7 @@ indented here). See [Values](../explanation/values.md) for how each PostgreSQL t
 
 | field | meaning |
 |---|---|
-| `record` | the new row (the old row for a `delete`), as `to_jsonb(row)` prints it |
+| `record` | the new row (the old row for a `delete`), as `to_jsonb(row)` prints it; a `delete` under the default replica identity carries only the key: see below |
 | `changes` | the old values of the columns an `update` changed; `null` otherwise. Old values need `REPLICA IDENTITY FULL`; with the default identity only a changed key's old values are known, and `changes` is `{}` otherwise |
 | `action` | `insert`, `update`, `delete`, or `read` (a backfill's row) |
 | `metadata.table_schema`, `metadata.table_name` | the source table |
@@ -46,6 +46,13 @@ indented here). See [Values](../explanation/values.md) for how each PostgreSQL t
 | `metadata.idempotency_key` | `commit_lsn:commit_idx`: the same on every redelivery |
 | `metadata.consumer` | the sink: `id` (a UUID 5 of its name) and `name` |
 | `metadata.backfill_id` | the backfill a `read` came from; `null` for changes |
+| `metadata.annotations` | the transaction's annotation, where it has one ([Capture](../explanation/capture.md#transaction-annotations)) |
+| `metadata.enrichment` | the enrichment's columns, where the sink has one; the last key of `metadata` (after `annotations`) |
+
+A `delete` under the default replica identity (`REPLICA IDENTITY DEFAULT`, or `USING INDEX`) carries the
+old row's key columns only: its `record` has the key's values and every other column JSON `null`, which a
+consumer cannot tell from columns that really were NULL (nothing marks them). With `REPLICA IDENTITY FULL`
+the whole old row is carried.
 
 A column whose value was an unchanged TOAST value under the default replica identity is left out of
 `record` (the WAL does not carry it). A change is keyed by the primary key its table had when the change

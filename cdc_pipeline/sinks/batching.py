@@ -19,11 +19,13 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from cdc_pipeline.core.findings import Finding
 from cdc_pipeline.sinks.base import (
     NOT_SENT,
     EventLoopThread,
     OutboundMessage,
     Sink,
+    SinkConfigLike,
     SinkUnavailable,
     Unreachable,
 )
@@ -72,6 +74,27 @@ class BatchingSink(Sink):
     async def send(self, target: str, entries: Sequence[tuple[OutboundMessage, Any]]) -> list[str | None]:
         """Send one request of entries to `target`; a result per entry (None, an error, or Unreachable).
         Raises DestinationDown."""
+
+    # -- capabilities (sinks/base.py) -----------------------------------------------------------------
+    @classmethod
+    def check_findings(cls, sink_config: SinkConfigLike) -> list[Finding]:
+        """Connects as a delivery would: the service answers, takes the credentials, and the configured
+        queue, topic, stream or key works; plus what the sink type says of its config (`config_findings`)."""
+        where = f"sink {sink_config.name}"
+        out = [Finding("warning", where, text) for text in cls.config_findings(sink_config)]
+        sink = cls(sink_config)  # type: ignore[call-arg]  # every batching sink is built from its config
+        try:
+            sink.open()
+        except SinkUnavailable as exc:
+            return [*out, Finding("error", where, f"{exc} (delivery waits until this is fixed)")]
+        finally:
+            sink.close()
+        return out
+
+    @classmethod
+    def config_findings(cls, sink_config: SinkConfigLike) -> list[str]:
+        """Warnings about the configuration itself (a standard queue keeps no order)."""
+        return []
 
     # -- lifecycle ----------------------------------------------------------------------------------
     def open(self) -> None:

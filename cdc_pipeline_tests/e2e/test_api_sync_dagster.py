@@ -10,7 +10,7 @@ from dagster import AssetKey, DagsterInstance, build_asset_check_context
 from cdc_pipeline.defs import build_definitions
 from cdc_pipeline.defs.api_sync import CHECK_NAME
 from cdc_pipeline_tests.api_fakes import FakeApi
-from cdc_pipeline_tests.integration.test_api_sync import api_config, rest_source
+from cdc_pipeline_tests.integration.api_sync.test_api_sync import api_config, rest_source
 
 
 def test_api_sync_asset_run_metadata_and_lag_check(source_db, write_config, tmp_path, monkeypatch):

@@ -17,7 +17,7 @@ from cdc_pipeline.defs.backfill import CHECK_NAME, backfill_job_name
 from cdc_pipeline.defs.tags import BACKFILL_TAGS
 from cdc_pipeline.state.backfills import BackfillStore
 from cdc_pipeline_tests.helpers import deliver, rows
-from cdc_pipeline_tests.integration.test_backfill import backfill_config, drain_running, log_reads
+from cdc_pipeline_tests.integration.backfill.test_backfill import backfill_config, drain_running, log_reads
 
 
 def _defs(path: Path):  # type: ignore[no-untyped-def]
@@ -123,7 +123,7 @@ def test_killed_sessions_mid_run_are_ridden_through_from_the_checkpoint(source_d
     setup(config)
     defs = _defs(tmp_path / "cdc.yaml")
     job = defs.resolve_job_def(backfill_job_name(config.tables[0]))
-    asset = defs.resolve_assets_def(AssetKey(["cdc", "snapshot", "public", "big"]))
+    asset = defs.resolve_assets_def(AssetKey(["cdc", "snapshot", "public", "big_snapshot"]))
     store = BackfillStore("cdc_pipeline")
     killed: dict[str, int] = {}
 

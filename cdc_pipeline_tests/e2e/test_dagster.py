@@ -45,10 +45,10 @@ def test_lineage_source_tables_change_log_sinks(source_db, db_factory, write_con
     write_config(data)
     defs = _defs(tmp_path / "cdc.yaml")
     graph = defs.resolve_asset_graph()
-    orders, customers = AssetKey(["source", "public", "orders"]), AssetKey(["source", "public", "customers"])
-    snapshot = AssetKey(["cdc", "snapshot", "public", "orders"])
+    orders, customers = AssetKey(["source", "public", "orders_snapshot"]), AssetKey(["source", "public", "customers_snapshot"])
+    snapshot = AssetKey(["cdc", "snapshot", "public", "orders_snapshot"])
     assert graph.get(LOG).parent_keys == {orders, customers}
-    assert graph.get(SINK).parent_keys == {LOG, snapshot, AssetKey(["cdc", "snapshot", "public", "customers"])}
+    assert graph.get(SINK).parent_keys == {LOG, snapshot, AssetKey(["cdc", "snapshot", "public", "customers_snapshot"])}
     assert graph.get(AssetKey(["sink", "hook"])).parent_keys == {LOG, snapshot}
     assert graph.get(snapshot).parent_keys == {orders}
     assert graph.get(snapshot).partitions_def is not None
@@ -245,8 +245,8 @@ def test_loads_as_a_dagster_component(source_db, db_factory, write_config, tmp_p
         with sandbox.load_component_and_build_defs(defs_path=path) as (component, defs):
             assert isinstance(component, CdcPipelineComponent)
             graph = defs.resolve_asset_graph()
-            assert graph.get(SINK).parent_keys == {LOG, AssetKey(["cdc", "snapshot", "public", "orders"])}
-            assert graph.get(LOG).parent_keys == {AssetKey(["source", "public", "orders"])}
+            assert graph.get(SINK).parent_keys == {LOG, AssetKey(["cdc", "snapshot", "public", "orders_snapshot"])}
+            assert graph.get(LOG).parent_keys == {AssetKey(["source", "public", "orders_snapshot"])}
             assert defs.get_sensor_def("cdc_drain_sensor") is not None
 
 

@@ -13,7 +13,7 @@ from dagster import AssetCheckKey, AssetCheckSeverity, AssetKey, DagsterInstance
 
 from cdc_pipeline.defs.health import PARKED_CHECK
 from cdc_pipeline_tests.helpers import deliver, drain, wait_until
-from cdc_pipeline_tests.integration.test_parking import _parked, _prepare
+from cdc_pipeline_tests.integration.delivery.test_parking import _parked, _prepare
 
 SINK = AssetKey(["sink", "mirror"])
 

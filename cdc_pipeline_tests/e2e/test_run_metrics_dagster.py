@@ -18,7 +18,7 @@ from cdc_pipeline.admin import status
 from cdc_pipeline.admin.setup import setup
 from cdc_pipeline_tests.e2e.test_dagster_dev import Load
 from cdc_pipeline_tests.helpers import assert_mirrored, mirror_config, wait_until
-from cdc_pipeline_tests.integration.test_metrics import _get, _scrape
+from cdc_pipeline_tests.integration.ops.test_metrics import _get, _scrape
 
 # A run worker: one job executed as a Dagster run until interrupted (SIGTERM, as a terminated run worker);
 # then it reports what it left behind.

@@ -14,8 +14,8 @@ from psycopg import conninfo, sql
 from cdc_pipeline.admin.setup import setup
 from cdc_pipeline_tests.conftest import Database
 from cdc_pipeline_tests.helpers import mirror_config
-from cdc_pipeline_tests.integration.test_check_setup import lines, write
-from cdc_pipeline_tests.integration.test_cli_errors import run
+from cdc_pipeline_tests.integration.admin.test_check_setup import lines, write
+from cdc_pipeline_tests.integration.admin.test_cli_errors import run
 
 
 @pytest.fixture

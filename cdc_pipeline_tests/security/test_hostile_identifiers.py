@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from cdc_pipeline.admin.setup import setup
 from cdc_pipeline_tests.helpers import assert_mirrored, mirror_config, sync
-from cdc_pipeline_tests.integration.test_backfill import backfill, backfill_config
+from cdc_pipeline_tests.integration.backfill.test_backfill import backfill, backfill_config
 
 DDL = """CREATE TABLE public.pcts ("pct%" int, "a'b" text, "k%s" int, v text, PRIMARY KEY ("pct%", "k%s"))"""
 

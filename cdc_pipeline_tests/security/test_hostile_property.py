@@ -141,7 +141,7 @@ def test_hostile_routes_on_a_redis_stream_deliver_exactly_or_park(route) -> None
 
     from cdc_pipeline.config import RedisStreamDestination
     from cdc_pipeline.sinks import build_sink
-    from cdc_pipeline_tests.integration.test_sinks_brokers import REDIS_URL, sink_config
+    from cdc_pipeline_tests.integration.sinks.test_sinks_brokers import REDIS_URL, sink_config
 
     key = f"cdc:prop:{next(_counter)}:{route}"
     batch = [message(1, "t", "insert", {"id": 1}, route=key)]

@@ -18,9 +18,9 @@ from cdc_pipeline.admin.setup import setup
 from cdc_pipeline.defs import build_definitions
 from cdc_pipeline.defs.replay import REPLAY_JOB
 from cdc_pipeline_tests.helpers import deliver, drain, mirror_config
-from cdc_pipeline_tests.integration.test_backfill import backfill_config, drain_running
-from cdc_pipeline_tests.integration.test_cli_errors import CLI
-from cdc_pipeline_tests.integration.test_sink_webhook import Receiver
+from cdc_pipeline_tests.integration.admin.test_cli_errors import CLI
+from cdc_pipeline_tests.integration.backfill.test_backfill import backfill_config, drain_running
+from cdc_pipeline_tests.integration.sinks.test_sink_webhook import Receiver
 
 
 def run_log(instance: DagsterInstance, run_id: str) -> str:

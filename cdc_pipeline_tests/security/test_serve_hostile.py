@@ -18,7 +18,7 @@ import yaml
 
 from cdc_pipeline.config import PipelineConfig, load_config
 from cdc_pipeline.state.schema import ensure_schema
-from cdc_pipeline_tests.integration.test_pull_api import TOKEN, enqueue, pull_config
+from cdc_pipeline_tests.integration.consumers.test_pull_api import TOKEN, enqueue, pull_config
 from cdc_pipeline_tests.pull import Server, receive
 
 AUDIT_TOKEN = "another-consumers-token"

@@ -11,8 +11,8 @@ import psycopg
 
 from cdc_pipeline.admin.setup import setup
 from cdc_pipeline_tests.helpers import drain, mirror_config
-from cdc_pipeline_tests.integration.test_cli_errors import CLI
-from cdc_pipeline_tests.integration.test_sink_webhook import Receiver
+from cdc_pipeline_tests.integration.admin.test_cli_errors import CLI
+from cdc_pipeline_tests.integration.sinks.test_sink_webhook import Receiver
 
 SECRETS = ("Hunter2Secret", "KvPairSecret", "BearerTokenSecret123")
 ECHO = (b"cannot reach postgresql://app:Hunter2Secret@db.example/x; password=KvPairSecret; "

@@ -13,7 +13,7 @@ from cdc_pipeline.admin.setup import setup
 from cdc_pipeline.backfill.watermark import WATERMARK_PREFIX, Watermark
 from cdc_pipeline.state.backfills import BackfillStore
 from cdc_pipeline_tests.helpers import backfill_page, drain
-from cdc_pipeline_tests.integration.test_backfill import backfill_config
+from cdc_pipeline_tests.integration.backfill.test_backfill import backfill_config
 
 
 def _log(dsn: str) -> list[tuple[str, str, str | None]]:

@@ -17,7 +17,7 @@ from cdc_pipeline.config import WebhookDestination
 from cdc_pipeline.sinks import build_sink
 from cdc_pipeline.sinks.http_guard import MAX_ERROR_BODY
 from cdc_pipeline_tests.helpers import wait_until
-from cdc_pipeline_tests.integration.test_sinks_brokers import messages
+from cdc_pipeline_tests.integration.sinks.test_sinks_brokers import messages
 
 Handler = Callable[[socket.socket, bytes], None]
 
@@ -153,7 +153,7 @@ def test_timestamped_signature_lets_a_receiver_refuse_replays() -> None:
     import hashlib
     import hmac
 
-    from cdc_pipeline_tests.integration.test_sink_webhook import Receiver
+    from cdc_pipeline_tests.integration.sinks.test_sink_webhook import Receiver
 
     secret = "hmac-s3cret-value"  # what webhook() puts in HOOK_SECRET
     receiver = Receiver()

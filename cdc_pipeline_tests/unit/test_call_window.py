@@ -144,6 +144,8 @@ def test_many_calls_out_hand_each_group_over_as_one_call_at_a_time_would(
     serial_sink, _, serial_outcome = run_window(calls, 1, set(parked), poison, seed)
 
     assert settled == calls  # every call settled, in order
+    expected, reaching = model(calls, set(parked), poison)
+    assert outcome == expected  # what the ordering policy says, computed without the window
     assert outcome == serial_outcome  # the same outcome as one call at a time, message by message
     by_group: dict[str | None, list[str]] = {}
     for key, group, _ in sink.sent:
@@ -165,7 +167,31 @@ def test_many_calls_out_hand_each_group_over_as_one_call_at_a_time_would(
         last[group] = (began, sink.ended[key])
     for group in parked:
         assert group not in by_group  # a parked group's messages are held, none sent
+    for group, keys in reaching.items():  # each group reached the destination up to its first failure
+        assert by_group.get(group, []) == keys, group
     assert sink.peak <= width
+
+
+def model(calls: list[Call], parked: set[str | None], poison: set[str]
+          ) -> tuple[dict[str, str | None], dict[str, list[str]]]:
+    """The ordering policy on its own, message by message in log order: a group parked before, or with a
+    refused message earlier, holds its later messages (HELD, never sent); a poison message is refused; any
+    other is delivered (an ungrouped message holds nothing). Also what of each group reaches the
+    destination: its messages up to and including its first refused one."""
+    failed = {g for g in parked if g is not None}
+    outcome: dict[str, str | None] = {}
+    reaching: dict[str, list[str]] = {}
+    for call in calls:
+        for m in call.messages:
+            if m.group is not None and m.group in failed:
+                outcome[m.key] = HELD
+                continue
+            if m.group is not None:
+                reaching.setdefault(m.group, []).append(m.key)
+            outcome[m.key] = f"refused {m.key}" if m.key in poison else None
+            if m.key in poison and m.group is not None:
+                failed.add(m.group)
+    return outcome, reaching
 
 
 def message_by(key: str) -> OutboundMessage:

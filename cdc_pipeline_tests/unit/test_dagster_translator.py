@@ -97,7 +97,7 @@ def test_the_default_translator_keys_and_groups(tmp_path: Path) -> None:
     groups = {n.key.to_user_string(): n.group_name for n in graph.asset_nodes}
     assert groups == {
         "source/public/orders": "source", "source/public/customers": "source",
-        "cdc/change_log": "cdc", "cdc/snapshot/public/orders": "cdc", "cdc/snapshot/public/customers": "cdc",
+        "cdc/change_log": "cdc", "cdc/snapshot/public/orders_snapshot": "cdc", "cdc/snapshot/public/customers_snapshot": "cdc",
         "sink/mirror": "sink", "sink/hook": "sink", "api_sync/crm/accounts": "api_sync"}
 
 
@@ -119,8 +119,8 @@ def test_the_component_applies_translation_and_post_processing(tmp_path: Path) -
             graph = defs.resolve_asset_graph()
             log, mirror = AssetKey(["acme", "cdc", "change_log"]), AssetKey(["acme", "sink", "mirror"])
             assert all(k.path[0] == "acme" for k in graph.get_all_asset_keys())
-            assert graph.get(mirror).parent_keys == {log, AssetKey(["acme", "cdc", "snapshot", "public", "orders"]),
-                                                     AssetKey(["acme", "cdc", "snapshot", "public", "customers"])}
+            assert graph.get(mirror).parent_keys == {log, AssetKey(["acme", "cdc", "snapshot", "public", "orders_snapshot"]),
+                                                     AssetKey(["acme", "cdc", "snapshot", "public", "customers_snapshot"])}
             assert graph.get(log).parent_keys == {AssetKey(["acme", "source", "public", t])
                                                   for t in ("orders", "customers")}
             assert graph.get(mirror).group_name == "acme_sink" and graph.get(log).group_name == "acme_change_log"

@@ -3,6 +3,12 @@ lanes are at any progress, every message is settled exactly once and no group go
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -12,13 +18,26 @@ from cdc_pipeline.core.positions import START, Position
 
 def test_lane_of_is_stable_and_spreads() -> None:
     assert lane_of("public|orders|1", 1) == 0
-    # Fixed values: a change of hash would move groups between lanes of a running pipeline.
-    assert [lane_of(f"public|t|{i}", 4) for i in range(8)] == [lane_of(f"public|t|{i}", 4) for i in range(8)]
+    # Literal values: a change of hash (Python's salted hash(), another function) would move groups between
+    # the lanes of a running pipeline, splitting a group across two lanes.
+    assert [lane_of(f"public|t|{i}", 4) for i in range(8)] == [2, 0, 2, 0, 3, 1, 3, 1]
+    assert [lane_of(f"public|orders|[{i}]", 3) for i in range(6)] == [0, 2, 2, 2, 1, 1]
+    assert lane_of("ümlaut|é", 7) == 4
     counts = [0] * 4
     for i in range(4000):
         counts[lane_of(parking_group(f"public|t|{i}", (i, 0)), 4)] += 1
     assert min(counts) > 800
     assert parking_group(None, (5, 1)) == "~5:1" and parking_group("g", (5, 1)) == "g"
+
+
+@pytest.mark.parametrize("seed", ["0", "1", "12345"])
+def test_lanes_are_the_same_in_another_process_with_another_hash_seed(seed: str) -> None:
+    """Each lane is its own process: a group must hash to the same lane in every one of them."""
+    here = [lane_of(f"public|t|{i}", 5) for i in range(50)]
+    code = "from cdc_pipeline.core.lanes import lane_of; print([lane_of(f'public|t|{i}', 5) for i in range(50)])"
+    there = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60,
+                           env={**os.environ, "PYTHONHASHSEED": seed}).stdout
+    assert json.loads(there) == here
 
 
 def test_resplit_rejects_offsets_of_another_split() -> None:

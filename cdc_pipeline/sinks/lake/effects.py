@@ -45,6 +45,7 @@ def key_of(record: dict[str, Any], pk: Sequence[str]) -> Key:
 
 
 def _hashable(v: Any) -> Any:
+    v = getattr(v, "value", v)  # a values.Typed key: its value
     return tuple(_hashable(x) for x in v) if isinstance(v, list) else v
 
 

@@ -39,7 +39,7 @@ class Shape:
         return pa.schema([*self.fields, *(HISTORY_FIELDS if append else ())])
 
 
-@dataclass(frozen=True)
+@dataclass
 class Parsed:
     """One message as the sink reads it."""
 
@@ -47,6 +47,7 @@ class Parsed:
     source: str
     change: Change
     commit_timestamp: str | None
+    raw_changes: Any = None  # the update's old values as the message gives them (an append table's `changes`)
 
 
 def parse(payload: bytes) -> Parsed:
@@ -55,21 +56,35 @@ def parse(payload: bytes) -> Parsed:
     action = body.get("action") or ("delete" if body.get("deleted") else "read")  # a row stream has no action
     change = Change(action, body.get("record"), body.get("changes"), body.get("texts"))
     position = (int(meta["commit_lsn"]), int(meta["commit_idx"]))
-    return Parsed(position, f"{meta['table_schema']}.{meta['table_name']}", change, meta.get("commit_timestamp"))
+    return Parsed(position, f"{meta['table_schema']}.{meta['table_name']}", change, meta.get("commit_timestamp"),
+                  change.changes)
 
 
-def check_values(shape: Shape, change: Change, python_calendar: bool = False) -> str | None:
-    """Why a message's record cannot be written (the column named), or None. `python_calendar`: dates and
-    timestamps must lie in years 1 to 9999 (pyiceberg turns a file's statistics into Python dates)."""
+def typed_change(shape: Shape, change: Change, python_calendar: bool = False) -> Change | str:
+    """The change with its record's (and old key's) values converted once to their columns' types (as
+    `values.Typed`), or why it cannot be written (the column named). `python_calendar`: dates and timestamps must
+    lie in years 1 to 9999 (pyiceberg turns a file's statistics into Python dates)."""
     record, texts = change.record or {}, change.texts or {}
+    converted: dict[str, Any] = {}
+    kinds = dict(shape.fields)
     for name, kind in shape.fields:
+        if name not in record and name not in texts:
+            continue  # left out (an unchanged TOAST value, a delete's other columns): stays out
         try:
             value = values.convert(record.get(name), texts.get(name), kind)
             if python_calendar:
                 values.check_calendar(value, kind)
         except (values.Unrepresentable, ValueError, ArithmeticError) as exc:
             return f"column {name!r} of {shape.source}: {exc} cannot be written as {kind} exactly"
-    return None
+        converted[name] = values.Typed(value)
+    old = None
+    if change.changes is not None:
+        try:
+            old = {k: values.Typed(values.convert(v, None, kinds[k])) if k in kinds else v
+                   for k, v in change.changes.items()}
+        except (values.Unrepresentable, ValueError, ArithmeticError):
+            old = change.changes
+    return Change(change.action, converted if change.record is not None else None, old, None)
 
 
 def _column(shape_fields: Sequence[tuple[str, pa.DataType]], rows: Sequence[dict[str, Any]],
@@ -82,16 +97,14 @@ def mirror_table(shape: Shape, effects: TableEffects, current: Callable[[list[Ke
                  ) -> pa.Table:
     """One row per key: its values (an upsert) or its key (a delete), with the `_cdc_kind` column. `current`
     gives the table's rows of keys whose effect is partial (their columns left out are kept)."""
-    kinds_of = dict(shape.fields)
-    typed = {e.base: tuple(values.convert(v, None, kinds_of[c]) for c, v in zip(shape.primary_key, e.base, strict=True))
-             for e in effects.by_key.values() if e.partial and e.base is not None and not effects.truncate}
-    found = current(list(typed.values())) if typed else {}
-    base = {k: found[t] for k, t in typed.items() if t in found}
+    # Keys hold converted values (typed_change), as the table's rows do.
+    wanted = [e.base for e in effects.by_key.values() if e.partial and e.base is not None and not effects.truncate]
+    base = current(wanted) if wanted else {}
     rows, texts, kinds = [], [], []
     for key, effect in effects.by_key.items():
         kinds.append("delete" if effect.delete else "upsert")
         if effect.delete:
-            rows.append(dict(zip(shape.primary_key, key, strict=True)))
+            rows.append({k: values.Typed(v) for k, v in zip(shape.primary_key, key, strict=True)})
             texts.append({})
         else:
             row, text = _filled(effect, base.get(effect.base) if effect.base is not None else None)
@@ -124,7 +137,7 @@ def append_table(shape: Shape, messages: Sequence[Parsed]) -> pa.Table:
         "commit_timestamp": pa.array(stamps, pa.timestamp("us", "UTC")),
         "commit_date": pa.array([s // 86_400_000_000 if s is not None else None for s in stamps], pa.date32()),
         "idempotency_key": pa.array([f"{m.position[0]}:{m.position[1]}" for m in messages], pa.string()),
-        "changes": pa.array([values.dump(m.change.changes) if m.change.changes is not None else None
+        "changes": pa.array([values.dump(m.raw_changes) if m.raw_changes is not None else None
                              for m in messages], pa.string()),
     })
     return pa.table(columns, schema=shape.schema(append=True))

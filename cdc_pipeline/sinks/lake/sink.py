@@ -132,10 +132,11 @@ class LakeSink(Sink):
                 shapes[p.source] = self.shape(p.source)
         except (ValueError, KeyError, TypeError) as exc:
             return f"{self.fmt} sink {self.name!r}: {type(exc).__name__}: {_first_line(exc)}"
-        if p.change.action != "truncate" and (self.append or p.change.action != "delete"):
-            problem = rows.check_values(shapes[p.source], p.change, self.python_calendar)
-            if problem is not None:
-                return problem
+        if p.change.action != "truncate":
+            typed = rows.typed_change(shapes[p.source], p.change, self.python_calendar)
+            if isinstance(typed, str):
+                return typed
+            p.change = typed
         parsed.append(p)
         return None
 

@@ -11,8 +11,10 @@ its exact text until the column's type says what to make of it.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from typing import Any, Literal
 
@@ -33,12 +35,18 @@ class Num(str):
 
 
 class Typed:
-    """A value read back from a lake table: already of its column's type."""
+    """A value already of its column's type (converted once, or read back from a lake table)."""
 
     __slots__ = ("value",)
 
     def __init__(self, value: Any) -> None:
         self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Typed) and self.value == other.value
+
+    def __hash__(self) -> int:
+        return hash(self.value if not isinstance(self.value, list) else tuple(self.value))
 
 
 class Unrepresentable(ValueError):
@@ -89,13 +97,28 @@ def arrow_type(type_sql: str, fmt: Format) -> pa.DataType:
     return pa.string()  # text, numeric beyond decimal(38), interval, ranges, json, enums, uuid, inet, ...
 
 
+@functools.lru_cache(maxsize=512)
+def family(kind: pa.DataType) -> str:
+    """What a conversion to `kind` has to do (asked once per type: pyarrow's type tests are slow per value)."""
+    t = pa.types
+    for name, test in (("list", lambda k: t.is_list(k) or t.is_large_list(k)),
+                       ("string", lambda k: t.is_string(k) or t.is_large_string(k)), ("bool", t.is_boolean),
+                       ("int", t.is_integer), ("float", t.is_floating), ("decimal", t.is_decimal), ("date", t.is_date),
+                       ("timestamp", t.is_timestamp), ("time", t.is_time),
+                       ("binary", lambda k: t.is_binary(k) or t.is_large_binary(k))):
+        if test(kind):
+            return name
+    return "other"
+
+
 def convert(value: Any, text: str | None, kind: pa.DataType) -> Any:
     """The Arrow value of a record's `value` (or, when the log kept it, the value's exact `text`)."""
     if isinstance(value, Typed):
         return value.value
     if value is None and text is None:
         return None
-    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+    fam = family(kind)
+    if fam == "list":
         if text is not None:  # the array's exact text (its elements' JSON is not exact, or it has bounds)
             return [convert(None, e, kind.value_type) if e is not None else None for e in array_elements(text)]
         if not isinstance(value, list):
@@ -103,10 +126,10 @@ def convert(value: Any, text: str | None, kind: pa.DataType) -> Any:
         if any(isinstance(v, list) for v in value):
             raise Unrepresentable("array of more than one dimension")
         return [convert(v, None, kind.value_type) for v in value]
-    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+    if fam == "string":
         return text if text is not None else as_text(value)
     raw = text if text is not None else value
-    return _scalar(raw, kind)
+    return _scalar(raw, fam, kind)
 
 
 PYTHON_DAYS = (-719_162, 2_932_896)  # 0001-01-01 and 9999-12-31, in days since 1970-01-01
@@ -120,7 +143,8 @@ def check_calendar(value: Any, kind: pa.DataType) -> None:
         return
     if value is None:
         return
-    days = value if pa.types.is_date(kind) else value // 86_400_000_000 if pa.types.is_timestamp(kind) else None
+    fam = family(kind)
+    days = value if fam == "date" else value // 86_400_000_000 if fam == "timestamp" else None
     if days is not None and not PYTHON_DAYS[0] <= days <= PYTHON_DAYS[1]:
         raise Unrepresentable("a date outside years 1 to 9999")
 
@@ -152,14 +176,14 @@ def array_elements(text: str) -> list[str | None]:
     return out
 
 
-def _scalar(raw: Any, kind: pa.DataType) -> Any:
-    if pa.types.is_boolean(kind):
-        return raw if isinstance(raw, bool) else raw in ("t", "true")
-    if pa.types.is_integer(kind):
+def _scalar(raw: Any, fam: str, kind: pa.DataType) -> Any:
+    if fam == "int":
         return int(raw)
-    if pa.types.is_floating(kind):
+    if fam == "float":
         return float(raw)  # 'NaN', 'Infinity', '-0' included
-    if pa.types.is_decimal(kind):
+    if fam == "timestamp":
+        return _micros(str(raw))
+    if fam == "decimal":
         try:
             number = Decimal(raw)
         except InvalidOperation as exc:
@@ -167,13 +191,13 @@ def _scalar(raw: Any, kind: pa.DataType) -> Any:
         if not number.is_finite():
             raise Unrepresentable(f"{raw!r} in decimal")
         return number
-    if pa.types.is_date(kind):
+    if fam == "bool":
+        return raw if isinstance(raw, bool) else raw in ("t", "true")
+    if fam == "date":
         return _days(str(raw))
-    if pa.types.is_timestamp(kind):
-        return _micros(str(raw))
-    if pa.types.is_time(kind):
+    if fam == "time":
         return _time(str(raw))
-    if pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
+    if fam == "binary":
         s = str(raw)
         if not s.startswith("\\x"):
             raise Unrepresentable("bytea expected in hex")
@@ -217,7 +241,18 @@ def _days(s: str) -> int:
     return days
 
 
+_EPOCH = datetime(1970, 1, 1)
+_EPOCH_UTC = datetime(1970, 1, 1, tzinfo=UTC)
+_MICRO = timedelta(microseconds=1)
+
+
 def _micros(s: str) -> int:
+    if len(s) >= 19 and s[4] == "-" and s[10] == "T" and not s.endswith(" BC"):  # the common case, in C
+        try:
+            stamp = datetime.fromisoformat(s)
+            return (stamp - (_EPOCH if stamp.tzinfo is None else _EPOCH_UTC)) // _MICRO
+        except ValueError:
+            pass
     days, micros = _parts(s)
     value = days * 86_400_000_000 + micros
     if not -(2**63) <= value < 2**63:  # PostgreSQL's last ~900 years of timestamps are past int64 from 1970

@@ -42,6 +42,13 @@ class SnsSink(BatchingSink):
         self.route_prefixes: list[str] | None = dest.route_prefixes
         self._client = AwsClient("sns", dest)
 
+    @classmethod
+    def config_findings(cls, sink_config: SinkConfigLike) -> list[str]:
+        if sink_config.destination.topic_arn.endswith(".fifo"):
+            return []
+        return ["the topic is a standard one (its name does not end in .fifo): consumers may see a group's messages "
+                "out of commit order, and a redelivered message twice"]
+
     async def connect(self) -> None:
         await self._client.open()
         try:

@@ -58,6 +58,13 @@ class SqsSink(BatchingSink):
         self._client = AwsClient("sqs", dest)
         self._urls: dict[str, str] = {}  # route (queue name) -> queue URL
 
+    @classmethod
+    def config_findings(cls, sink_config: SinkConfigLike) -> list[str]:
+        if sink_config.destination.queue_url.endswith(".fifo"):
+            return []
+        return ["the queue is a standard one (its name does not end in .fifo): consumers may see a group's messages "
+                "out of commit order, and a redelivered message twice"]
+
     async def connect(self) -> None:
         await self._client.open()
         try:
