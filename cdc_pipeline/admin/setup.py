@@ -6,7 +6,7 @@ from __future__ import annotations
 import psycopg
 from psycopg import sql
 
-from cdc_pipeline.admin import partitioned
+from cdc_pipeline.admin import ddl_capture, partitioned
 from cdc_pipeline.admin.check import check
 from cdc_pipeline.config import PipelineConfig, redact
 from cdc_pipeline.postgres import catalog, session, slots
@@ -56,6 +56,8 @@ def setup(config: PipelineConfig) -> list[str]:
                 done.append(f"added {len(missing)} table(s) to publication {pub}")
         if ensure_schema(state, config.state.schema_name):
             done.append(f"created state schema {config.state.schema_name}")
+        if tables:
+            done += ddl_capture.install(conn, config)  # schema changes at their position (admin/ddl_capture.py)
         if tables and catalog.slot_info(conn, config.source.slot) is None:
             slots.create(conn, config.source.slot, config.source.failover)
             done.append(f"created {'failover ' if config.source.failover else ''}replication slot "

@@ -16,7 +16,7 @@ from cdc_pipeline.core.positions import position_text
 from cdc_pipeline.delivery.backlog import problem as backlog_problem
 from cdc_pipeline.postgres import catalog, session
 from cdc_pipeline.sinks import sink_class
-from cdc_pipeline.state import stats
+from cdc_pipeline.state import relations, stats
 from cdc_pipeline.state.schema import schema_exists
 from cdc_pipeline.state.store import Store
 
@@ -83,6 +83,8 @@ def collect(config: PipelineConfig) -> dict[str, Any]:
             if stopped:
                 out["sinks"][sink.name]["error"] = stopped
         out["backfills"], out["backfills_text"] = _backfills(config, conn, slot)
+        changes = relations.schema_changes(conn, schema)  # capture/schema_changes.py
+        out["schema_changes"] = {t.qualified: changes[t.qualified] for t in config.tables if t.qualified in changes}
         if config.api_sources:
             from cdc_pipeline.api_sync import lag
 
@@ -149,8 +151,22 @@ def render(status: dict[str, Any]) -> str:
             lines.append(f"ERROR: {s['error']}")
     for line in status.get("backfills_text", []):
         lines.append(line)
+    lines += schema_change_lines(status.get("schema_changes") or {})
     if status.get("api_sync"):
         from cdc_pipeline.api_sync import lag
 
         lines += lag.render(status["api_sync"])
     return "\n".join(lines)
+
+
+def schema_change_lines(changes: dict[str, dict[str, Any]]) -> list[str]:
+    """Each table's last schema change, and a rename at the source as a finding with its fix."""
+    lines = []
+    for table, c in changes.items():
+        lines.append(f"table {table}: last schema change at {c.get('at')}: {c.get('summary')}"
+                     + (f"; its rows read again ({c['reread']})" if c.get("reread") else ""))
+        if c.get("renamed_to"):
+            lines.append(f"FINDING: {table} was renamed to {c['renamed_to']} at the source: its changes are still "
+                         f"logged as {table}. Fix: name it {c['renamed_to']} in cdc.yaml (tables and sinks' tables), "
+                         "then `cdc-pipeline setup`")
+    return lines

@@ -29,12 +29,13 @@ from datetime import datetime
 import psycopg
 from psycopg import sql
 
+from cdc_pipeline.admin import ddl_capture
 from cdc_pipeline.capture import annotations, failover, faults, gap
-from cdc_pipeline.capture.changes import RelationShape, row_change, truncate_row
+from cdc_pipeline.capture.changes import LogRow, RelationShape, row_change, truncate_row
 from cdc_pipeline.capture.logwriter import LogWriter
-from cdc_pipeline.capture.prefixes import HEARTBEAT_PREFIX, PROBE_PREFIX
+from cdc_pipeline.capture.prefixes import DDL_PREFIX, HEARTBEAT_PREFIX, PROBE_PREFIX
 from cdc_pipeline.capture.reconcile import watermark_hooks
-from cdc_pipeline.capture.relations import learn_relation
+from cdc_pipeline.capture.schema_changes import SchemaChanges
 from cdc_pipeline.config import PipelineConfig, redact
 from cdc_pipeline.core.backoff import next_delay_ms
 from cdc_pipeline.postgres import catalog, pgoutput, session
@@ -94,7 +95,9 @@ class Drain:
         self.gaps = gap.GapBackfills(config)
         self._shapes: dict[int, RelationShape] = {}
         self._configured = frozenset(t.qualified for t in config.tables)
+        self.ddl = SchemaChanges(self._configured, config.source.publication, config.state.schema_name)
         self._stop = threading.Event()
+        self._source: psycopg.Connection | None = None
         self._streamed = False  # a replication session of this process got going at least once
         self._phase = "starting"
         self._ascii_only = False  # the state database is not UTF-8: annotations must be ASCII to be stored
@@ -183,6 +186,8 @@ class Drain:
             source = session.connect(cfg.source.dsn, autocommit=True, application_name=APP_NAME,
                                      statement_timeout_ms=SOURCE_STATEMENT_TIMEOUT_MS)
             committed = self._prepare(source, state, stats)
+            self.ddl.key = ddl_capture.load_key(source, cfg)  # None: catalog mode (admin/ddl_capture.py)
+            self._source = source
             self._phase = "starting replication"
             stream = ReplicationStream(cfg.source.dsn, cfg.source.slot, cfg.source.publication, committed)
             self._streamed = True
@@ -298,7 +303,11 @@ class Drain:
                 elif isinstance(msg, pgoutput.Relation):
                     # Before the skip: the server sends a relation once per session, so one inside a
                     # skipped transaction still describes the changes of the transactions after it.
-                    self._relation(msg, source, state, write=not skipping)
+                    row = self._relation(msg, source, state, not skipping, (lsn, idx, xid, ts, note))
+                    if row is not None:  # a schema change seen by comparison (catalog mode)
+                        writer.add(row, state)
+                        idx += 1
+                        pending_changes += 1
                 elif skipping:
                     continue
                 elif isinstance(msg, (pgoutput.Insert, pgoutput.Update, pgoutput.Delete)):
@@ -329,6 +338,15 @@ class Drain:
                             note = self._annotation(msg, stats) or note  # a refused one changes nothing
                         else:
                             self._skip(msg, stats, "not transactional")
+                    elif prefix == DDL_PREFIX:  # schema changes from the source's event trigger
+                        row = self.ddl.row(msg.content, (lsn, idx, xid, ts, note), source, state) \
+                            if msg.transactional and in_txn else "not transactional"
+                        if isinstance(row, str):
+                            self._skip(msg, stats, row)
+                        elif row is not None:
+                            writer.add(row, state)
+                            idx += 1
+                            pending_changes += 1
                     elif prefix in self.hooks:
                         writer.flush(state)  # hooks see the log up to this point
                         taken, logged = self._hook(msg, lsn if in_txn else msg.lsn, idx, state, stats)
@@ -357,12 +375,15 @@ class Drain:
         stats.committed_lsn = end_lsn
         # Only now may the server forget these transactions.
         stream.send_status(end_lsn)
+        if self.ddl.rereads and self._source is not None:  # rows a schema change rewrote unseen: read again
+            self.ddl.start_rereads(self.config, self._source, state, self.gaps, end_lsn)
         return end_lsn
 
     def _relation(self, rel: pgoutput.Relation, source: psycopg.Connection, state: psycopg.Connection,
-                  write: bool) -> None:
-        self._shapes[rel.relation_id] = learn_relation(rel, source, state, self.config.state.schema_name, write,
-                                                       self._configured)
+                  write: bool, at: tuple[int, int, int, datetime | None, str | None]) -> LogRow | None:
+        shape, row = self.ddl.on_relation(rel, source, state, write, at)
+        self._shapes[rel.relation_id] = shape
+        return row
 
     def _annotation(self, msg: pgoutput.LogicalMessage, stats: DrainStats) -> str | None:
         try:

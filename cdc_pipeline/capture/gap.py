@@ -97,7 +97,8 @@ class GapBackfills:
         """(id, schema.table) of active gap backfills no process is running."""
         from cdc_pipeline.state.backfills import BackfillStore
 
-        orphans = BackfillStore(self.config.state.schema_name).orphans(state, f"{ORIGIN} %")
+        # Every backfill the drain registered: a gap's, or a schema change's (capture/rereads.py).
+        orphans = BackfillStore(self.config.state.schema_name).orphans(state, "drain %")
         state.commit()
         return orphans
 

@@ -8,4 +8,5 @@ from cdc_pipeline.capture.annotations import ANNOTATIONS_PREFIX
 
 HEARTBEAT_PREFIX = "cdc_pipeline.heartbeat"
 PROBE_PREFIX = "cdc_pipeline.probe"
-OWN_PREFIXES = (HEARTBEAT_PREFIX, PROBE_PREFIX, ANNOTATIONS_PREFIX, WATERMARK_PREFIX)
+DDL_PREFIX = "cdc_pipeline.ddl"  # schema changes from the source's event trigger (admin/ddl_capture.py)
+OWN_PREFIXES = (HEARTBEAT_PREFIX, PROBE_PREFIX, ANNOTATIONS_PREFIX, WATERMARK_PREFIX, DDL_PREFIX)

@@ -10,6 +10,7 @@ used when the relation still has its columns, else the key recorded in the state
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import psycopg
 
@@ -30,24 +31,30 @@ def choose_key(rel: pgoutput.Relation, today: tuple[str, ...], recorded: tuple[s
     return next((k for k in (today, recorded) if k and all(c in names for c in k)), ())
 
 
-def as_configured(rel: pgoutput.Relation, source: psycopg.Connection, configured: frozenset[str]) -> pgoutput.Relation:
+def as_configured(rel: pgoutput.Relation, source: psycopg.Connection, configured: frozenset[str],
+                  recorded_name: Callable[[int], str | None] | None = None) -> pgoutput.Relation:
     """A partition's relation under the name of its configured ancestor: a publication without
-    publish_via_partition_root (or changes decoded before `setup` set it) names the leaf partitions."""
+    publish_via_partition_root (or changes decoded before `setup` set it) names the leaf partitions. A
+    configured table renamed at the source (``recorded_name``: the name recorded for its relation id) keeps
+    its configured name, so its changes are never dropped unseen (`status` reports the rename)."""
     if not configured or f"{rel.namespace}.{rel.name}" in configured:
         return rel
-    for ancestor in partitions.ancestors(source, rel.relation_id):
-        if ancestor in configured:
-            namespace, _, name = ancestor.partition(".")
-            return rel._replace(namespace=namespace, name=name)
-    return rel
+    found = next((a for a in partitions.ancestors(source, rel.relation_id) if a in configured), None)
+    if found is None and recorded_name is not None:
+        found = recorded_name(rel.relation_id)
+        if found is not None and found in configured:
+            log.warning("%s.%s is configured table %s renamed: logged as %s until cdc.yaml names it",
+                        rel.namespace, rel.name, found, found)
+    if found is None or found not in configured:
+        return rel
+    namespace, _, name = found.partition(".")
+    return rel._replace(namespace=namespace, name=name)
 
 
 def learn_relation(rel: pgoutput.Relation, source: psycopg.Connection, state: psycopg.Connection,
-                   schema: str, write: bool = True, configured: frozenset[str] = frozenset()) -> RelationShape:
+                   schema: str, write: bool = True) -> RelationShape:
     """Describe the relation, record it in the state schema's `relations` table (unless ``write`` is
-    False: a Relation inside a transaction the log already holds), and return its shape. A partition of a
-    ``configured`` table is described as that table (as_configured)."""
-    rel = as_configured(rel, source, configured)
+    False: a Relation inside a transaction the log already holds), and return its shape."""
     info = catalog.describe_table(source, rel.namespace, rel.name)
     recorded = recorded_primary_key(state, schema, rel.namespace, rel.name)
     key = choose_key(rel, info.primary_key if info else (), recorded)
@@ -60,7 +67,9 @@ def learn_relation(rel: pgoutput.Relation, source: psycopg.Connection, state: ps
                     ", ".join(key), rel.namespace, rel.name)
     types = catalog.load_types(source, {c.type_oid for c in rel.columns})
     if write:
-        type_sql = {c.name: c.type_sql for c in info.columns} if info else {}
+        # The types as the stream describes them (a lagging drain must not take today's catalog's).
+        type_sql = dict(zip([c.name for c in rel.columns], catalog.format_types(
+            source, [(c.type_oid, c.type_modifier) for c in rel.columns]), strict=True))
         columns = [column_record(c.name, c.type_oid, type_sql.get(c.name), bool(c.flags & 1), types)
                    for c in rel.columns]
         upsert_relation(state, schema, rel.namespace, rel.name, rel.relation_id, rel.replica_identity, columns, key)

@@ -24,6 +24,7 @@ from cdc_pipeline.config import PipelineConfig, SinkConfig
 from cdc_pipeline.core.positions import Position, position_lsn_text
 from cdc_pipeline.delivery.backlog import problem as backlog_problem
 from cdc_pipeline.postgres import catalog, session
+from cdc_pipeline.state import relations
 from cdc_pipeline.state.failed_messages import FailedMessages
 from cdc_pipeline.state.store import Store
 
@@ -85,9 +86,12 @@ def sink_figures(pipeline: PipelineConfig, sink: SinkConfig) -> dict[str, Any]:
         backlog = store.backlog(conn, sink.tables, offset, sink.name, BACKLOG_LIMIT) if age is not None else 0
         delivered = store.delivered_total(conn, sink.name)
         parked = store.failed_summary(conn, sink.name)
+        changes = relations.schema_changes(conn, pipeline.state.schema_name)  # capture/schema_changes.py
+    last = "; ".join(f"{t}: {c.get('summary')} (at {c.get('at')})" for t, c in changes.items() if t in sink.tables)
     return {"offset": f"{offset[0]}:{offset[1]}", "offset_lsn": position_lsn_text(offset), "lag_messages": backlog,
             "lag_seconds": round(age or 0.0, 3), "delivered_total": delivered,
-            **parked, "backlog_error": backlog_problem(pipeline, sink, age)}
+            **parked, "backlog_error": backlog_problem(pipeline, sink, age),
+            **({"last_schema_change": last} if last else {})}
 
 
 def sink_checks(pipeline: PipelineConfig, key: AssetKey, figures: dict[str, Any], sink: str

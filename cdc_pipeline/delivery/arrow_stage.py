@@ -66,7 +66,8 @@ def _payloads(sink_name: str, batch: pa.Table, texts: bool = False) -> pa.Array:
 
 def run_arrow_stage(plan: SinkPlan, batch: pa.Table) -> pa.Table:
     sink = plan.sink
-    allowed = [*sink.actions, "read", *(["truncate"] if takes_truncate(sink) else [])]
+    # A mirror also acts on a table's truncates and schema changes (capture/schema_changes.py).
+    allowed = [*sink.actions, "read", *(["truncate", "schema"] if takes_truncate(sink) else [])]
     batch = batch.filter(pc.is_in(batch.column("action"), pa.array(allowed)))
     n = batch.num_rows
     typed = pc.is_valid(batch.column("tup")) if "tup" in batch.column_names else None

@@ -166,7 +166,7 @@ def run_stage(spark: SparkSession, plan: SinkPlan, batch: pa.Table,
     sink = plan.sink
     df = spark.createDataFrame(batch)
     df = df.where(F.col("action").isin(*sink.actions) | (F.col("action") == "read")
-                  | ((F.col("action") == "truncate") & F.lit(takes_truncate(sink))))
+                  | (F.col("action").isin("truncate", "schema") & F.lit(takes_truncate(sink))))
     if not plan.needs_record:
         out = df.select("commit_lsn", "commit_idx", _default_group(plan, None).alias("group_key"),
                         F.lit(None).cast("string").alias("route"), _raw_payload("record", "changes", _metadata(sink.name), takes_texts(sink),

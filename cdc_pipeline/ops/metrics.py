@@ -144,3 +144,8 @@ def _state_gauges(status: dict[str, Any]) -> Iterator[Metric]:
         for state, n in (sink.get("pull_queue") or {}).items():
             pull.add_metric([name, state], n)
     yield from (lag, lag_seconds, parked, discarded, oldest, waiting, pull)
+    schema = GaugeMetricFamily("cdc_schema_change_lsn", "Log position (LSN) of each table's last schema change "
+                               "(capture/schema_changes.py)", labels=["table"])
+    for table, change in (status.get("schema_changes") or {}).items():
+        schema.add_metric([table], float(change.get("lsn") or 0))
+    yield schema

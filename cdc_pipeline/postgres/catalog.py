@@ -306,3 +306,12 @@ def leads_an_index(conn: psycopg.Connection, schema: str, name: str, column: str
         "AND a.attnum = i.indkey[0] WHERE i.indrelid = to_regclass(format('%%I.%%I', %s::text, %s::text)) "
         "AND a.attname = %s AND i.indpred IS NULL)", (schema, name, column)).fetchone()
     return bool(row and row[0])
+
+
+def format_types(conn: psycopg.Connection, types: list[tuple[int, int]]) -> list[str]:
+    """(type OID, type modifier) -> the type as SQL (format_type), in order."""
+    if not types:
+        return []
+    rows = conn.execute("SELECT format_type(o, m) FROM unnest(%s::oid[], %s::int[]) WITH ORDINALITY "
+                        "AS u(o, m, i) ORDER BY i", ([t[0] for t in types], [t[1] for t in types])).fetchall()
+    return [str(r[0]) for r in rows]

@@ -64,3 +64,26 @@ def column_record(name: str, type_oid: int, type_sql: str | None, key: bool,
     t = types.get(type_oid)
     mirror = mirror_plan(t, type_sql).sql if t is not None and type_sql else None
     return {"name": name, "type_oid": type_oid, "key": key, "type_sql": type_sql, "mirror_type": mirror}
+
+
+def record_schema_change(conn: psycopg.Connection, schema: str, table_schema: str, table_name: str,
+                         change: dict[str, object]) -> None:
+    """A table's last schema change (a row is made if the table has none yet)."""
+    conn.execute(sql.SQL(
+        "INSERT INTO {}.relations (table_schema, table_name, columns, last_schema_change) VALUES (%s, %s, '[]', %s) "
+        "ON CONFLICT (table_schema, table_name) DO UPDATE SET last_schema_change = excluded.last_schema_change"
+    ).format(sql.Identifier(schema)), (table_schema, table_name, Jsonb(change)))
+
+
+def schema_changes(conn: psycopg.Connection, schema: str) -> dict[str, dict[str, object]]:
+    """Each table's ("schema.table") last schema change, for the tables that had one."""
+    rows = conn.execute(sql.SQL("SELECT table_schema || '.' || table_name, last_schema_change FROM {}.relations "
+                                "WHERE last_schema_change IS NOT NULL").format(sql.Identifier(schema))).fetchall()
+    return {r[0]: r[1] for r in rows}
+
+
+def name_of_relation(conn: psycopg.Connection, schema: str, relation_id: int) -> str | None:
+    """The table ("schema.table") recorded with this relation id, if one is."""
+    row = conn.execute(sql.SQL("SELECT table_schema || '.' || table_name FROM {}.relations WHERE relation_id = %s "
+                               "ORDER BY updated_at LIMIT 1").format(sql.Identifier(schema)), (relation_id,)).fetchone()
+    return str(row[0]) if row else None

@@ -238,7 +238,12 @@ MIGRATIONS: list[str] = [
         changed_at  timestamptz NOT NULL DEFAULT now()
     );
     """,
-    # 11: which server the drain reads a slot on (capture/source_server.py): its address, version, timeline
+    # 11: each table's last schema change as the drain logged it (capture/schema_changes.py): status, metrics
+    # and Dagster show it.
+    """
+    ALTER TABLE {s}.relations ADD COLUMN IF NOT EXISTS last_schema_change jsonb;
+    """,
+    # 12: which server the drain reads a slot on (capture/source_server.py): its address, version, timeline
     # and system identifier as of the drain's last session, and the failovers seen (a session on another
     # server or timeline than the one before).
     """

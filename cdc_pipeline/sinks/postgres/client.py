@@ -21,12 +21,12 @@ from psycopg import sql
 
 from cdc_pipeline.core.findings import Finding
 from cdc_pipeline.postgres import session
-from cdc_pipeline.postgres.catalog import ColumnInfo, TableInfo, describe_table
+from cdc_pipeline.postgres.catalog import ColumnInfo, TableInfo
 from cdc_pipeline.postgres.compose import execute
 from cdc_pipeline.postgres.keyset import parse_qualified
 from cdc_pipeline.postgres.oids import FIRST_USER_OID
 from cdc_pipeline.sinks.base import NOT_SENT, OutboundMessage, Sink, SinkConfigLike, SinkUnavailable
-from cdc_pipeline.sinks.postgres import typed
+from cdc_pipeline.sinks.postgres import evolve, history, typed
 from cdc_pipeline.sinks.postgres.grants import grant_findings
 from cdc_pipeline.sinks.postgres.own_position import OwnPosition
 from cdc_pipeline.sinks.routes import route_problem
@@ -34,7 +34,7 @@ from cdc_pipeline.state.typed_log import TypedRun
 
 STAGE_WORK_MEM = "128MB"  # per sort/hash of one batch, for this transaction only
 _TRANSIENT = (psycopg.OperationalError, psycopg.errors.ConnectionTimeout)
-_REJECTED = (psycopg.Error, typed.TypedMismatch)  # a failure of the messages applied, not of the sink
+_REJECTED = (psycopg.Error, typed.TypedMismatch, evolve.SchemaFollowError)  # a failure of the messages applied, not of the sink
 
 
 class _RunMismatch(Exception):
@@ -50,8 +50,11 @@ class PostgresSink(Sink):
         self.holds_rows = self.mode == "mirror"
         self.conn: psycopg.Connection | None = None
         self._describe: Callable[[str], TableInfo | None] = lambda table: None
-        self._shapes: dict[str, tuple[str, ...]] = {}  # target table -> columns it was synced to
-        self._pending: dict[str, tuple[str, ...]] = {}  # synced in the open transaction (lost on rollback)
+        # target table -> the source columns it was synced to, and the mirror table's own description
+        self._shapes: dict[str, tuple[tuple[str, ...], TableInfo]] = {}
+        self._pending: dict[str, tuple[tuple[str, ...], TableInfo]] = {}  # synced in the open transaction
+        self._position: tuple[int, int] = (0, -1)  # of the batch being applied
+        self._history: Callable[[str], list[dict[str, object]] | None] = lambda table: None
 
     # -- capabilities (sinks/base.py): a mirror acts on truncates and writes the source's values, typed ----
     @classmethod
@@ -93,6 +96,10 @@ class PostgresSink(Sink):
 
     def prepare(self, describe: Callable[[str], TableInfo | None]) -> None:
         self._describe = describe
+
+    def bind_state(self, conn: psycopg.Connection, schema: str) -> None:
+        # A mirror table created behind a schema change takes the columns the log says it had (history.py).
+        self._history = lambda table: history.columns_before_next_change(conn, schema, table, self._position)
 
     def _ddl_lock(self) -> None:
         """Sinks sharing a destination (`deliver` runs them at once) create schemas and tables one at a time:
@@ -148,6 +155,7 @@ class PostgresSink(Sink):
             with self._tracked():
                 conn = self._begin()
                 rows = typed.stage_copy(conn, blocks)
+                self._position = run.last  # the reads are one position's: no schema change among them
                 if rows != run.count:
                     raise _RunMismatch(f"typed run: {run.count} reads expected, {rows} relayed")
                 if len(run.shapes) == 1:
@@ -204,14 +212,17 @@ class PostgresSink(Sink):
         rows = [(seq, m.typed) for seq, m in enumerate(batch) if m.typed is not None]
         if rows and self.mode != "mirror":
             raise ValueError(f"postgres sink {self.name!r}: typed rows reach only a mirror")
+        first: tuple[int, int] | None = None
         with conn.cursor().copy("COPY _cdc_stage (seq, lsn, idx, grp, route, msg) FROM STDIN") as copy:
             for seq, m in enumerate(batch):
                 lsn, _, idx = m.key.partition(":")
                 pos = (int(lsn), int(idx))
                 last = max(last, pos)
+                first = pos if first is None else min(first, pos)
                 if m.typed is None:
                     copy.write_row((seq, pos[0], pos[1], m.group, m.route, m.payload.decode()))
         shapes = typed.stage(conn, rows) if rows else []
+        self._position = first or (0, -1)
         if self.mode == "append":
             self._append()
         else:
@@ -258,7 +269,10 @@ class PostgresSink(Sink):
         return parse_qualified(self.dest.table.format(schema=schema, table=table))
 
     def _sync_table(self, source_table: str) -> tuple[tuple[str, str], TableInfo]:
-        """Create the mirror table if missing; follow the source's columns (ALTER TABLE mid-stream)."""
+        """Create the mirror table if missing (with the columns the source had at this position: history.py),
+        add the columns the source's latest description has and the mirror lacks; returns the mirror table's
+        own description (its columns are what a message is written to). Columns leave a mirror only by a
+        `schema` message at their position (evolve.py), never because a later description lacks them."""
         assert self.conn is not None
         info = self._describe(source_table)
         if info is None or not info.primary_key:
@@ -266,28 +280,38 @@ class PostgresSink(Sink):
         target = self._target(source_table)
         columns = tuple(c.name for c in info.columns)
         key = ".".join(target)
-        if self._pending.get(key, self._shapes.get(key)) == columns:
-            return target, info
+        known = self._pending.get(key, self._shapes.get(key))
+        if known is not None and known[0] == columns:
+            return target, known[1]
         ident = sql.Identifier(*target)
         self._ddl_lock()
         self.conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(target[0])))
-        current = describe_table(self.conn, *target)
-        if current is None:
+        have = evolve.columns(self.conn, target)
+        if not have:
+            first = history.creation_columns(info, self._history(source_table))
             self.conn.execute(sql.SQL("CREATE TABLE {} ({}, PRIMARY KEY ({}))").format(
                 ident,
-                sql.SQL(", ").join(sql.SQL("{} {}").format(sql.Identifier(c.name), _column_type(c))
-                                   for c in info.columns),
+                sql.SQL(", ").join(sql.SQL("{} {}").format(sql.Identifier(c.name), _column_type(c)) for c in first),
                 sql.SQL(", ").join(map(sql.Identifier, info.primary_key))))
-        else:
-            have = {c.name for c in current.columns}
-            for c in info.columns:
-                if c.name not in have:
-                    self.conn.execute(sql.SQL("ALTER TABLE {} ADD COLUMN {} {}").format(
-                        ident, sql.Identifier(c.name), _column_type(c)))
-            for name in have - set(columns):
-                self.conn.execute(sql.SQL("ALTER TABLE {} DROP COLUMN {}").format(ident, sql.Identifier(name)))
-        self._pending[key] = columns
-        return target, info
+            have = {c.name: "" for c in first}
+        for c in info.columns:
+            if c.name not in have:
+                self.conn.execute(sql.SQL("ALTER TABLE {} ADD COLUMN {} {}").format(
+                    ident, sql.Identifier(c.name), _column_type(c)))
+        mirror = history.mirror_info(info, evolve.columns(self.conn, target))
+        self._pending[key] = (columns, mirror)
+        return target, mirror
+
+    def _follow(self, source_table: str, target: tuple[str, str], info: TableInfo, seq: int) -> TableInfo:
+        """Apply the `schema` message at ``seq`` to the mirror table; returns its new description."""
+        assert self.conn is not None
+        row = self.conn.execute("SELECT msg->'record' FROM _cdc_stage WHERE seq = %s", (seq,)).fetchone()
+        self._ddl_lock()
+        evolve.apply(self.conn, target, source_table, row[0] if row else {}, info.primary_key)
+        mirror = history.mirror_info(info, evolve.columns(self.conn, target))
+        key = ".".join(target)
+        self._pending[key] = (self._pending.get(key, self._shapes.get(key, ((), mirror)))[0], mirror)
+        return mirror
 
     def _mirror(self, n: int, shapes: list[typed.Columns]) -> None:
         assert self.conn is not None
@@ -299,12 +323,15 @@ class PostgresSink(Sink):
             tables = list(dict.fromkeys([*tables, *typed.tables(conn)]))
         for table in tables:
             schema, _, name = table.partition(".")
+            kinds = dict(conn.execute(
+                "SELECT seq, msg->>'action' FROM _cdc_stage WHERE msg->>'action' IN ('truncate', 'schema') "
+                "AND msg->'metadata'->>'table_schema' = %s AND msg->'metadata'->>'table_name' = %s ORDER BY seq",
+                (schema, name)).fetchall())
+            if "schema" in kinds.values() and not shapes and evolve.nothing_to_alter(conn, self._target(table), table):
+                continue  # schema changes alone, and no mirror table yet: the first row creates it as the source is
             target, info = self._sync_table(table)
-            truncates = [r[0] for r in conn.execute(
-                "SELECT seq FROM _cdc_stage WHERE msg->>'action' = 'truncate' AND msg->'metadata'->>'table_schema' = %s "
-                "AND msg->'metadata'->>'table_name' = %s ORDER BY seq", (schema, name)).fetchall()]
             start = 0
-            for cut in [*truncates, n]:
+            for cut in [*kinds, n]:
                 if not shapes:
                     self._mirror_segment(target, info, schema, name, start, cut)
                 for lo, hi, shape in typed.runs(conn, schema, name, start, cut) if shapes else []:
@@ -312,8 +339,10 @@ class PostgresSink(Sink):
                         self._mirror_segment(target, info, schema, name, lo, hi + 1)
                     else:
                         typed.apply_run(conn, target, info, schema, name, shapes[shape], shape, lo, hi)
-                if cut < n:
+                if kinds.get(cut) == "truncate":
                     conn.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(*target)))
+                elif kinds.get(cut) == "schema":
+                    info = self._follow(table, target, info, cut)
                 start = cut + 1
 
     def _mirror_segment(self, target: tuple[str, str], info: TableInfo, schema: str, name: str,

@@ -106,6 +106,7 @@ def test_existing_publication_brought_to_the_root(source_db: Database, db_factor
     assert not any("publish_via_partition_root" in str(f) for f in check(config, sinks=False))
 
 
+@pytest.mark.pg_matrix
 @pytest.mark.parametrize("partition", ["public.ev_us", "public.ev_eu_lo"])
 def test_a_partition_beside_its_parent_is_an_error(source_db: Database, db_factory: Callable[[], Database],
                                                    write_config: Callable[..., PipelineConfig], partition: str) -> None:

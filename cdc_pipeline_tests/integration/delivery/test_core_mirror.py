@@ -103,8 +103,8 @@ def test_alter_table_mid_stream(source_db, db_factory, write_config, spark):
     source_db.execute("INSERT INTO s VALUES (3, 'three', 4.5)")
     source_db.execute("UPDATE s SET a = 'uno' WHERE id = 1")
     sync(config, spark)
-    # Row 1 was mirrored before the column existed: the source backfills the default, the mirror
-    # learns of it only through the later update, which carries the whole row.
+    # Row 1 was mirrored before the column existed: the mirror gives it the default at the ADD COLUMN's
+    # position, as the source does (capture/schema_changes.py).
     assert assert_mirrored(source_db.dsn, "public.s", dest.dsn, "mirror.s") == 3
 
 
