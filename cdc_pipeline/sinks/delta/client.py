@@ -7,7 +7,8 @@ sink's marks as transaction identifiers (lake/position.py), so the data and the 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -85,6 +86,21 @@ class DeltaTableHandle:
 
     def commit_mirror(self, truncate: bool, batch: pa.Table, pk: Sequence[str], key: str,
                       marks: position.Marks) -> None:
+        self._retry(lambda: self._merge(truncate, batch, pk, key, marks))
+
+    def _retry(self, action: Callable[[], None]) -> None:
+        """A MERGE that another writer of the table (a lane, another sink) beat to its commit, done again on the
+        table's new version (delta-rs retries only commits that conflict with nothing read)."""
+        for attempt in range(COMMIT_RETRIES):
+            try:
+                action()
+                return
+            except CommitFailedError:
+                if attempt == COMMIT_RETRIES - 1:
+                    raise
+                time.sleep(min(0.05 * (attempt + 1), 0.5))
+
+    def _merge(self, truncate: bool, batch: pa.Table, pk: Sequence[str], key: str, marks: position.Marks) -> None:
         self.dt.update_incremental()
         props = self._props(key, marks)
         upserts = batch.filter(pc.equal(batch.column(KIND), "upsert")) if truncate else batch
@@ -103,8 +119,8 @@ class DeltaTableHandle:
         merger.execute()
 
     def commit_append(self, batch: pa.Table, key: str, marks: position.Marks) -> None:
-        write_deltalake(self.dt, batch, mode="append", target_file_size=self.target_file_size,
-                        commit_properties=self._props(key, marks))
+        self._retry(lambda: write_deltalake(self.dt, batch, mode="append", target_file_size=self.target_file_size,
+                                            commit_properties=self._props(key, marks)))
 
 
 def _in_list(pk: Sequence[str], keys: list[effects.Key]) -> str | None:

@@ -23,6 +23,7 @@ from pyiceberg.exceptions import (
     NamespaceAlreadyExistsError,
     NoSuchTableError,
     TableAlreadyExistsError,
+    ValidationException,
 )
 from pyiceberg.expressions import (
     AlwaysTrue,
@@ -143,7 +144,7 @@ class IcebergTableHandle:
             try:
                 action()
                 return
-            except CommitFailedException:
+            except (CommitFailedException, ValidationException):  # another writer of the table committed first
                 if attempt == COMMIT_ATTEMPTS - 1:
                     raise
                 time.sleep(min(0.05 * (attempt + 1), 0.5))  # a concurrent writer committed first: back off
