@@ -56,6 +56,7 @@ from cdc_pipeline.config import ConfigError, PipelineConfig, TableConfig, redact
 from cdc_pipeline.config.errors import without_secrets
 from cdc_pipeline.core.backfill_origin import dagster_links, dagster_origin, started_by
 from cdc_pipeline.defs.asset_data import SnapshotData
+from cdc_pipeline.defs.backfill_pool import BACKFILL_POOL
 from cdc_pipeline.defs.materialize import backfill_not_asked
 from cdc_pipeline.defs.resources import CdcConfigResource
 from cdc_pipeline.defs.tags import BACKFILL_ID_TAG, BACKFILL_TAGS, DAGSTER_BACKFILL_TAG, ROW_COUNT
@@ -63,7 +64,7 @@ from cdc_pipeline.defs.translator import CdcTranslator, asset_args
 from cdc_pipeline.postgres import session
 from cdc_pipeline.state.backfills import BackfillInfo, BackfillStore
 
-POOL = "cdc_backfill"  # op concurrency pool, for instances that limit pools
+POOL = BACKFILL_POOL  # dagster.yaml: at most 2 runs with a backfill step, however launched
 CHECK_NAME = "backfill_completed"
 INTEGER_PARTITIONS = 100  # integer partitions without a step: this many ranges
 # Transient failures (connection lost, server restart) fail the step; the retry resumes the backfill.

@@ -45,6 +45,7 @@ from cdc_pipeline.config import PipelineConfig
 from cdc_pipeline.config.errors import describe_error
 from cdc_pipeline.core.positions import Position, position_lsn_text
 from cdc_pipeline.defs.asset_data import ChangeLogData, SourceTableData
+from cdc_pipeline.defs.backfill_pool import BACKFILL_POOL
 from cdc_pipeline.defs.health import SLOT_LAG_CHECK, SLOT_LAG_DESCRIPTION, log_head, slot_check, slot_figures
 from cdc_pipeline.defs.materialize import CATCH_UP_SECONDS, clicked, drain_elsewhere
 from cdc_pipeline.defs.pacing import CheckGate, LogPace
@@ -152,6 +153,15 @@ def build_slot_check(key: AssetKey) -> AssetChecksDefinition:
     return _check
 
 
+def ensure_backfill_pool(instance: Any) -> None:
+    """Gives the backfill pool its limit (dagster.yaml's pools default_limit) before any backfill is queued:
+    Dagster 1.13's run queue creates a pool's limit on the first tick that sees a queued run of it, and
+    dequeues that tick's runs without the limit (three partitions launched at once all started)."""
+    storage = instance.event_log_storage
+    if storage.supports_global_concurrency_limits and BACKFILL_POOL not in storage.get_concurrency_keys():
+        storage.initialize_concurrency_limit_to_default(BACKFILL_POOL)
+
+
 def build_drain_job(key: AssetKey) -> Any:
     # In process: the run worker is the drain (no step subprocess to start or to forward a terminate to).
     return define_asset_job(DRAIN_JOB, selection=AssetSelection.assets(key).without_checks(), tags={**DRAIN_TAGS, **NO_RUN_RETRIES},
@@ -165,6 +175,7 @@ def build_drain_sensor(job: Any, key: AssetKey, interval: int = 5) -> SensorDefi
                                  "it after a failure (capped backoff). Evaluations take milliseconds.")
     def _sensor(context: SensorEvaluationContext, cdc: CdcConfigResource) -> SensorResult | SkipReason:
         pipeline = cdc.load()
+        ensure_backfill_pool(context.instance)
         request = next_run(context, DRAIN_JOB, DRAIN_TAGS, pipeline.drain.run_minutes * 60)
         if isinstance(request, str):
             return SkipReason(request)
