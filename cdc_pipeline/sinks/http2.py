@@ -10,11 +10,13 @@ DeadlineExceeded otherwise.
   for a stream, within its deadline.
 * Flow control: a body goes out as the endpoint's windows allow; what comes back is acknowledged at once
   (at most `max_body` bytes of it are kept).
-* A GOAWAY stops new streams on the connection: the requests it did not take (StreamRefused: past its
-  last stream, or REFUSED_STREAM) are sent again on a new connection by the pool, those it took are answered
+* A GOAWAY, or a stream reset with REFUSED_STREAM, stops new streams on the connection: the requests it did
+  not take (StreamRefused: past its last stream, or REFUSED_STREAM) are sent again on a new connection by the pool, those it took are answered
   on the old one, which closes after the last. A broken connection or another reset fails the requests it
   carried with TransportFailed: no answer, so the engine sends them again.
 * A request past its deadline is reset (CANCEL), so the endpoint stops working on it.
+* An answer that comes before the whole body went out (a 413 with END_STREAM while the body waits for the
+  endpoint's window) is returned at once; the rest of the body is not sent (RST_STREAM NO_ERROR).
 """
 
 from __future__ import annotations
@@ -108,7 +110,7 @@ class Http2Connection:
                 fields = [*self._base, (b"content-length", str(len(body)).encode()), *_fields(headers)]
                 self._h2.send_headers(stream_id, fields, end_stream=not body)
                 self._flush()
-                await self._send_body(stream_id, body)
+                await self._send_body(stream_id, body, answer)
                 return await answer
         except TimeoutError:
             self._cancel(stream_id)
@@ -144,14 +146,19 @@ class Http2Connection:
             self._reading.cancel()
 
     # -- sending ----------------------------------------------------------------------------------
-    async def _send_body(self, stream_id: int, body: bytes) -> None:
+    async def _send_body(self, stream_id: int, body: bytes, answer: asyncio.Future[tuple[int, bytes]]) -> None:
         view, sent = memoryview(body), 0
         while sent < len(body):
+            if answer.done():  # answered (an early 413 with END_STREAM) or reset before the body went out
+                with contextlib.suppress(h2.exceptions.H2Error):
+                    self._h2.reset_stream(stream_id, h2.errors.ErrorCodes.NO_ERROR)  # the rest is not needed
+                    self._flush()
+                return
             self._check_open()
             size = min(self._h2.local_flow_control_window(stream_id), self._h2.max_outbound_frame_size,
                        len(body) - sent)
-            if size <= 0:  # the endpoint's window is full: wait for it to open
-                await self._wait_for(lambda: self._closed is not None or
+            if size <= 0:  # the endpoint's window is full: wait for it to open, or for its answer
+                await self._wait_for(lambda: self._closed is not None or answer.done() or
                                      self._h2.local_flow_control_window(stream_id) > 0)
                 continue
             self._h2.send_data(stream_id, bytes(view[sent:sent + size]), end_stream=sent + size == len(body))
@@ -212,7 +219,13 @@ class Http2Connection:
             if not stream.answer.done():
                 stream.answer.set_result((stream.status, bytes(stream.data)))
         elif isinstance(event, h2.events.StreamReset) and stream is not None:
-            if not stream.answer.done():
+            if event.error_code == h2.errors.ErrorCodes.REFUSED_STREAM:
+                # Not processed (RFC 9113, 8.7): sent again, on a new connection, as after a GOAWAY; this one
+                # takes no new streams and closes after its last answer.
+                self._closed = self._closed or "the endpoint refused a stream (REFUSED_STREAM)"
+                if not stream.answer.done():
+                    stream.answer.set_exception(StreamRefused("the endpoint refused the HTTP/2 stream"))
+            elif not stream.answer.done():
                 stream.answer.set_exception(TransportFailed(
                     f"the endpoint reset the HTTP/2 stream ({h2.errors._error_code_from_int(event.error_code)!s})"))
         elif isinstance(event, h2.events.ConnectionTerminated):

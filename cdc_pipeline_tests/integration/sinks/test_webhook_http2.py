@@ -11,14 +11,17 @@ import os
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import h2.config
 import h2.connection
+import h2.errors
 import h2.events
 import h2.exceptions
+import h2.settings
 import pytest
 import trustme
 from hypercorn.asyncio import serve
@@ -324,5 +327,84 @@ def test_requests_the_endpoint_did_not_process_go_again_on_a_new_connection(trus
             sink.close()
         assert sorted(server.processed) == sorted(keys(batch + more)), "each request processed exactly once"
         assert server.connections >= 2
+    finally:
+        server.stop()
+
+
+class Hostile(GoawayAfterFirst):
+    """A raw HTTP/2 server with one hostile habit: `refuse` resets every stream of its first connection with
+    REFUSED_STREAM (not processed) and answers later connections; `early_413` advertises a 16-byte window,
+    never opens it, and answers each request 413 with END_STREAM as soon as its headers arrive."""
+
+    def __init__(self, tls: tuple[str, str], mode: str) -> None:
+        self.mode = mode
+        super().__init__(tls)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        first_connection = self.connections == 1
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+        conn.initiate_connection()
+        if self.mode == "early_413":
+            conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 16})
+        writer.write(conn.data_to_send())
+        bodies: dict[int, bytes] = {}
+        try:
+            while data := await reader.read(65536):
+                for event in conn.receive_data(data):
+                    if isinstance(event, h2.events.RequestReceived):
+                        if self.mode == "refuse" and first_connection:
+                            conn.reset_stream(event.stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
+                        elif self.mode == "early_413":
+                            conn.send_headers(event.stream_id, [(":status", "413")], end_stream=True)
+                    elif isinstance(event, h2.events.DataReceived) and self.mode == "refuse":
+                        conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+                        if not first_connection:  # a refused stream's data in flight is dropped
+                            bodies[event.stream_id] = bodies.get(event.stream_id, b"") + event.data
+                    elif isinstance(event, h2.events.StreamEnded) and event.stream_id in bodies:
+                        self.processed += [m["metadata"]["idempotency_key"]
+                                           for m in json.loads(bodies.pop(event.stream_id))["data"]]
+                        conn.send_headers(event.stream_id, [(":status", "200")], end_stream=True)
+                writer.write(conn.data_to_send())
+                await writer.drain()
+        except (ConnectionError, h2.exceptions.ProtocolError):
+            pass
+        finally:
+            writer.close()
+
+
+def test_refused_streams_go_again_on_a_new_connection(trusted: tuple[str, str]) -> None:
+    server = Hostile(trusted, "refuse")
+    try:
+        batch = messages(6, groups=6)
+        sink = webhook(server.url, batch_size=1, max_in_flight=6)
+        sink.open()
+        try:
+            assert deliver_in_order(sink, batch) == [None] * 6  # not one reported unanswered
+        finally:
+            sink.close()
+        assert sorted(server.processed) == sorted(keys(batch))
+        assert server.connections >= 2
+    finally:
+        server.stop()
+
+
+def test_an_early_413_is_returned_at_once_while_the_body_waits_on_flow_control(trusted: tuple[str, str]) -> None:
+    server = Hostile(trusted, "early_413")
+    try:
+        batch = messages(1, groups=1)
+        body = json.loads(batch[0].payload)
+        body["record"]["pad"] = "x" * 300_000  # past the connection's 64 KiB window, which is never opened
+        batch[0].payload = json.dumps(body).encode()
+        sink = webhook(server.url, batch_size=1, timeout_ms=20_000)
+        sink.open()
+        try:
+            began = time.monotonic()
+            results = deliver_in_order(sink, batch)
+            took = time.monotonic() - began
+        finally:
+            sink.close()
+        assert results[0] is not None and "413" in results[0]
+        assert took < 10, f"waited {took:.1f} s of the 20 s deadline for a 413 already received"
     finally:
         server.stop()
