@@ -6,6 +6,7 @@ from __future__ import annotations
 import psycopg
 
 from cdc_pipeline.admin import ddl_capture, partitioned
+from cdc_pipeline.admin.server_checks import server_findings
 from cdc_pipeline.config import PipelineConfig, TableConfig, redact
 from cdc_pipeline.core.findings import Finding
 from cdc_pipeline.postgres import catalog, session
@@ -27,6 +28,7 @@ def check(config: PipelineConfig, sinks: bool = True) -> list[Finding]:
     except psycopg.Error as exc:  # a parse error (ProgrammingError) quotes the DSN too: redacted below
         return [Finding("error", "source", f"cannot connect: {redact(str(exc)).strip()}")]
     with conn:
+        out += server_findings(conn, config)
         wal_level = catalog.setting(conn, "wal_level")
         if wal_level != "logical":
             out.append(Finding("error", "source", f"wal_level is {wal_level!r}, must be 'logical': "

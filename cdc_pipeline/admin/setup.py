@@ -9,7 +9,7 @@ from psycopg import sql
 from cdc_pipeline.admin import ddl_capture, partitioned
 from cdc_pipeline.admin.check import check
 from cdc_pipeline.config import PipelineConfig, redact
-from cdc_pipeline.postgres import catalog, session
+from cdc_pipeline.postgres import catalog, session, slots
 from cdc_pipeline.state.schema import ensure_schema
 
 __all__ = ["SetupError", "setup"]
@@ -59,6 +59,10 @@ def setup(config: PipelineConfig) -> list[str]:
         if tables:
             done += ddl_capture.install(conn, config)  # schema changes at their position (admin/ddl_capture.py)
         if tables and catalog.slot_info(conn, config.source.slot) is None:
-            conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (config.source.slot,))
-            done.append(f"created replication slot {config.source.slot}")
+            slots.create(conn, config.source.slot, config.source.failover)
+            done.append(f"created {'failover ' if config.source.failover else ''}replication slot "
+                        f"{config.source.slot}")
+        elif tables and config.source.failover and slots.is_failover(conn, config.source.slot) is False:
+            slots.make_failover(config.source.dsn, config.source.slot)
+            done.append(f"made replication slot {config.source.slot} a failover slot")
     return done

@@ -10,6 +10,7 @@ from typing import Any
 
 import psycopg
 
+from cdc_pipeline.capture import source_server
 from cdc_pipeline.config import PipelineConfig
 from cdc_pipeline.core.positions import position_text
 from cdc_pipeline.delivery.backlog import problem as backlog_problem
@@ -26,6 +27,7 @@ def collect(config: PipelineConfig) -> dict[str, Any]:
     try:
         with session.connect(config.source.dsn, autocommit=True) as src:
             slot = catalog.slot_info(src, config.source.slot)
+            server = source_server.identify(src)
     except Exception as exc:
         exc.cdc_database = "source"  # type: ignore[attr-defined]  # /readyz names the database that failed
         raise
@@ -38,6 +40,7 @@ def collect(config: PipelineConfig) -> dict[str, Any]:
                 out["api_sync"] = lag.collect(config, conn)
             return out
         progress = stats.drain_progress(conn, schema, config.source.slot)
+        out["source"] = source_server.figures(server, source_server.load(conn, schema, config.source.slot))
         if slot is not None:
             lag_bytes = int(slot["lag_bytes"] or 0)
             age = progress["heartbeat_age_seconds"] if progress else None
@@ -122,6 +125,11 @@ def render(status: dict[str, Any]) -> str:
         from cdc_pipeline.api_sync import lag
 
         return "\n".join([f"error: {status['error']}", *lag.render(status.get("api_sync") or {})])
+    source = status.get("source")
+    if source:
+        lines.append(f"source: {source['server']}" + (
+            f"; failovers {source['failovers']}, the last at {source['last_failover_at']}: {source['last_failover']}"
+            if source["failovers"] else ""))
     slot = status["slot"]
     if slot:
         lines.append(f"slot {slot['name']}: lag {slot['lag_bytes']} bytes, {slot['lag_seconds']} s; "

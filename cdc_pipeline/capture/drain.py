@@ -30,7 +30,7 @@ import psycopg
 from psycopg import sql
 
 from cdc_pipeline.admin import ddl_capture
-from cdc_pipeline.capture import annotations, faults, gap
+from cdc_pipeline.capture import annotations, failover, faults, gap
 from cdc_pipeline.capture.changes import LogRow, RelationShape, row_change, truncate_row
 from cdc_pipeline.capture.logwriter import LogWriter
 from cdc_pipeline.capture.prefixes import DDL_PREFIX, HEARTBEAT_PREFIX, PROBE_PREFIX
@@ -213,12 +213,12 @@ class Drain:
         cfg = self.config
         slot = catalog.slot_position(source, cfg.source.slot)
         if slot is None:
-            raise faults.DrainFatal(faults.slot_gone(cfg.source.slot))
+            slot = failover.slot_missing(cfg, source, state)  # raises, or re-creates it after a failover
         if slot[1] == "lost":
             raise faults.DrainFatal(faults.slot_lost(cfg.source.slot))
         if not catalog.publication_exists(source, cfg.source.publication):
             raise faults.DrainFatal(faults.publication_gone(cfg.source.publication))
-        recorded = self.writer.load_progress(state)
+        recorded = self.writer.load_progress(state, source)
         confirmed = slot[0]
         if recorded is None or recorded >= confirmed:
             stats.committed_lsn = max(stats.committed_lsn, recorded or 0)

@@ -6,10 +6,15 @@ together with the slot progress row, so the log and its recorded position never 
 
 from __future__ import annotations
 
+import logging
+
 import psycopg
 
+from cdc_pipeline.capture import source_server
 from cdc_pipeline.capture.changes import LOG_COLUMNS, LogRow
 from cdc_pipeline.state import notify, slot_progress
+
+log = logging.getLogger("cdc_pipeline.capture.drain")
 
 
 class LogWriter:
@@ -22,6 +27,10 @@ class LogWriter:
         self.bytes = 0
         self.copies = 0
         self._copy_sql = slot_progress.copy_into_log(schema, LOG_COLUMNS)
+        # The server this session reads, recorded with its first commit (the progress row exists then).
+        self.server: source_server.SourceServer | None = None
+        self.unrecorded = False
+        self.failovers: list[str] = []  # seen by this process (capture/source_server.py)
 
     def add(self, row: LogRow, state: psycopg.Connection) -> None:
         """Buffer a row; write the buffer once it holds ``chunk_rows`` rows or ``chunk_bytes`` bytes, so a
@@ -50,12 +59,21 @@ class LogWriter:
         self.save_progress(state, end_lsn, ts)
         notify.announce(state, self.schema)  # deliverers wake when this commits (state/notify.py)
         state.commit()
+        if self.unrecorded and self.server is not None:
+            self.unrecorded = False
+            event = source_server.record(state, self.schema, self.slot, self.server)
+            if event:
+                log.warning("drain: %s", event)
+                self.failovers.append(event)
 
     def save_progress(self, state: psycopg.Connection, end_lsn: int, ts: object) -> None:
         slot_progress.save(state, self.schema, self.slot, end_lsn, ts)
 
-    def load_progress(self, state: psycopg.Connection) -> int | None:
-        """The recorded progress, or None when this slot never committed anything to this log."""
+    def load_progress(self, state: psycopg.Connection, source: psycopg.Connection | None = None) -> int | None:
+        """The recorded progress, or None when this slot never committed anything to this log. With the
+        session's `source`, its server is identified, to be recorded with the session's first commit."""
+        if source is not None:
+            self.server, self.unrecorded = source_server.identify(source), True
         recorded = slot_progress.load(state, self.schema, self.slot)
         state.commit()
         return recorded

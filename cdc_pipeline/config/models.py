@@ -36,6 +36,10 @@ class SourceConfig(StrictModel):
                       "creates and the drain reads.")
     publication: str = Field(default="cdc_pipeline", description="Publication of the configured tables, "
                              "created and extended by `setup`.")
+    failover: bool = Field(default=False, description="Make the slot a failover slot (PostgreSQL 17+): `setup` "
+                           "creates it so (or alters it), a standby with `sync_replication_slots = on` keeps a copy, "
+                           "and after a promotion the drain goes on from that copy. `check` verifies the primary's "
+                           "`synchronized_standby_slots` and the slot's flag, and says what to set on the standby.")
 
     @field_validator("slot")
     @classmethod

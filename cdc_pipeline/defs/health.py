@@ -19,6 +19,7 @@ from dagster import (
     TableSchema,
 )
 
+from cdc_pipeline.capture import source_server
 from cdc_pipeline.config import PipelineConfig, SinkConfig
 from cdc_pipeline.core.positions import Position, position_lsn_text
 from cdc_pipeline.delivery.backlog import problem as backlog_problem
@@ -41,16 +42,22 @@ def slot_figures(pipeline: PipelineConfig) -> dict[str, Any]:
     last committed to the log (it commits at least every heartbeat, so a live drain stays low)."""
     with session.connect(pipeline.source.dsn, autocommit=True) as src:
         slot = catalog.slot_info(src, pipeline.source.slot)
+        server = source_server.identify(src)
     with session.connect(pipeline.state_dsn, autocommit=True) as conn:
         committed, since_commit = Store(pipeline.state.schema_name).slot_progress(conn, pipeline.source.slot)
+        source = source_server.figures(server, source_server.load(conn, pipeline.state.schema_name,
+                                                                  pipeline.source.slot))
+    # Which server is read, and the failovers seen: as `status` says them.
+    where = {"source_server": str(source["server"]), "source_failovers": source["failovers"],
+             "source_last_failover": str(source["last_failover"])}
     if slot is None:
-        return {"slot": pipeline.source.slot, "slot_exists": False, "committed_lsn": committed}
+        return {"slot": pipeline.source.slot, "slot_exists": False, "committed_lsn": committed, **where}
     lag_bytes = int(slot["lag_bytes"] or 0)  # type: ignore[call-overload]
     lag_seconds = round(since_commit, 3) if lag_bytes > 0 and since_commit is not None else 0.0
     return {"slot": pipeline.source.slot, "slot_exists": True, "slot_active": bool(slot["active"]),
             "confirmed_flush_lsn": str(slot["confirmed_flush_lsn"]), "committed_lsn": committed,
             "slot_lag_bytes": lag_bytes, "slot_retained_bytes": int(slot["retained_bytes"] or 0),  # type: ignore[call-overload]
-            "slot_lag_seconds": lag_seconds}
+            "slot_lag_seconds": lag_seconds, **where}
 
 
 def log_head(pipeline: PipelineConfig, tables: list[str]) -> Position:

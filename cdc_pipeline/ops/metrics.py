@@ -105,6 +105,14 @@ def _own_counters(runners: list[Any]) -> Iterator[Metric]:
 
 
 def _state_gauges(status: dict[str, Any]) -> Iterator[Metric]:
+    source = status.get("source")
+    if source and source.get("address"):  # which server source.dsn reaches, and the failovers the drain saw
+        info = GaugeMetricFamily("cdc_source_server", "1 for the server source.dsn reaches (address, version, "
+                                 "timeline)", labels=["address", "version", "timeline"])
+        info.add_metric([source["address"], source["version"], str(source["timeline"])], 1)
+        yield info
+        yield GaugeMetricFamily("cdc_source_failovers", "Failovers the drain has seen (a session on another "
+                                "server or timeline than the one before)", value=source["failovers"])
     slot = status.get("slot")
     if slot:
         yield GaugeMetricFamily("cdc_slot_lag_bytes", "WAL bytes the slot has not confirmed",

@@ -243,6 +243,14 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE {s}.relations ADD COLUMN IF NOT EXISTS last_schema_change jsonb;
     """,
+    # 12: which server the drain reads a slot on (capture/source_server.py): its address, version, timeline
+    # and system identifier as of the drain's last session, and the failovers seen (a session on another
+    # server or timeline than the one before).
+    """
+    ALTER TABLE {s}.slot_progress ADD COLUMN IF NOT EXISTS source_server jsonb;
+    ALTER TABLE {s}.slot_progress ADD COLUMN IF NOT EXISTS failovers integer NOT NULL DEFAULT 0;
+    ALTER TABLE {s}.slot_progress ADD COLUMN IF NOT EXISTS last_failover jsonb;
+    """,
 ]
 
 
