@@ -132,7 +132,7 @@ class LakeSink(Sink):
                 shapes[p.source] = self.shape(p.source)
         except (ValueError, KeyError, TypeError) as exc:
             return f"{self.fmt} sink {self.name!r}: {type(exc).__name__}: {_first_line(exc)}"
-        if p.change.action != "truncate":
+        if p.change.action not in ("truncate", "schema"):  # a schema change: its columns come from describe()
             typed = rows.typed_change(shapes[p.source], p.change, self.python_calendar)
             if isinstance(typed, str):
                 return typed
@@ -153,7 +153,7 @@ class LakeSink(Sink):
         done = self._marks.get(name)
         if done is None:
             done = self._marks[name] = table.marks(self._key) or Marks(NONE, NONE)
-        todo = [p for p in messages if p.position > done.position]
+        todo = [p for p in messages if p.position > done.position and p.change.action != "schema"]
         if self.append and todo and done.applied > done.position:
             present = table.keys_between(done.position, done.applied)
             todo = [p for p in todo if f"{p.position[0]}:{p.position[1]}" not in present]
