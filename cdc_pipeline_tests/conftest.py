@@ -8,6 +8,7 @@ A test marked `pg_matrix` runs on every major version of `pg_versions.selected_m
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -103,10 +104,24 @@ def _drop(admin_dsn: str, name: str) -> None:
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
         for (slot,) in conn.execute("SELECT slot_name FROM pg_replication_slots WHERE database = %s",
                                     (name,)).fetchall():
-            conn.execute("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
-                         "WHERE slot_name = %s AND active_pid IS NOT NULL", (slot,))
-            conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+            _drop_slot(conn, slot)
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def _drop_slot(conn: psycopg.Connection, slot: str, timeout_s: float = 60.0) -> None:
+    """Drop a slot whose walsender may still be exiting: a terminated backend releases its slot only once
+    it is gone, which on a loaded machine is after the terminate call returns."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        # The timeout form (PostgreSQL 14+) waits for the backend to exit.
+        conn.execute("SELECT pg_terminate_backend(active_pid, 5000) FROM pg_replication_slots "
+                     "WHERE slot_name = %s AND active_pid IS NOT NULL", (slot,))
+        try:
+            conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+            return
+        except psycopg.errors.ObjectInUse:
+            if time.monotonic() > deadline:
+                raise
 
 
 def _database_factory(server: str, made: list[str]) -> Callable[..., Database]:

@@ -304,7 +304,8 @@ def _source_state(db: Database, table: str, key: str) -> dict[str, Any]:
         return dict(conn.execute(query).fetchall())
 
 
-def test_state_restored_from_older_dump(fdb: Database, write_config: Callable[..., PipelineConfig],
+def test_state_restored_from_older_dump(fdb: Database, cluster: embedded.EmbeddedPostgres,
+                                        write_config: Callable[..., PipelineConfig],
                                         tmp_path: Path, spark: Any) -> None:
     config = _config(fdb, write_config)
     fdb.execute("INSERT INTO acct SELECT g, 1, 0, 'a' FROM generate_series(1, 300) g;"
@@ -312,7 +313,8 @@ def test_state_restored_from_older_dump(fdb: Database, write_config: Callable[..
     Drain(config).run(until_idle=True, seconds=60)
     deliver(config, spark)  # the mirror holds the rows the gap will delete
     dump = tmp_path / "state.dump"
-    pg = [str(embedded.PG_BIN / "pg_dump"), "-Fc", "-n", "cdc_pipeline", "-f", str(dump), fdb.dsn]
+    # The cluster's own pg_dump/pg_restore: the module's cluster may be of another major version (pg_matrix).
+    pg = [str(cluster.bin_dir / "pg_dump"), "-Fc", "-n", "cdc_pipeline", "-f", str(dump), fdb.dsn]
     subprocess.run(pg, check=True)
     # Changes the restored state will not know of: updates, inserts, deletes in both tables.
     fdb.execute("UPDATE acct SET ver = 2, note = 'gap' WHERE id <= 50; DELETE FROM acct WHERE id > 280;"
@@ -320,7 +322,7 @@ def test_state_restored_from_older_dump(fdb: Database, write_config: Callable[..
                 "UPDATE evt SET n = 5, ver = 2 WHERE k = 'k9'")
     Drain(config).run(until_idle=True, seconds=60)
     fdb.execute("DROP SCHEMA cdc_pipeline CASCADE")
-    subprocess.run([str(embedded.PG_BIN / "pg_restore"), "-d", fdb.dsn, str(dump)], check=True)
+    subprocess.run([str(cluster.bin_dir / "pg_restore"), "-d", fdb.dsn, str(dump)], check=True)
     fdb.execute("INSERT INTO acct VALUES (2001, 1, 0, 'after')")  # must not be streamed past the gap
     before = fdb.execute("SELECT count(*), (SELECT committed_lsn FROM cdc_pipeline.slot_progress) "
                          "FROM cdc_pipeline.change_log")[0]
