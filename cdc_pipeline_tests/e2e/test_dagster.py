@@ -45,7 +45,7 @@ def test_lineage_source_tables_change_log_sinks(source_db, db_factory, write_con
     write_config(data)
     defs = _defs(tmp_path / "cdc.yaml")
     graph = defs.resolve_asset_graph()
-    orders, customers = AssetKey(["source", "public", "orders_snapshot"]), AssetKey(["source", "public", "customers_snapshot"])
+    orders, customers = AssetKey(["source", "public", "orders"]), AssetKey(["source", "public", "customers"])
     snapshot = AssetKey(["cdc", "snapshot", "public", "orders_snapshot"])
     assert graph.get(LOG).parent_keys == {orders, customers}
     assert graph.get(SINK).parent_keys == {LOG, snapshot, AssetKey(["cdc", "snapshot", "public", "customers_snapshot"])}
@@ -246,7 +246,7 @@ def test_loads_as_a_dagster_component(source_db, db_factory, write_config, tmp_p
             assert isinstance(component, CdcPipelineComponent)
             graph = defs.resolve_asset_graph()
             assert graph.get(SINK).parent_keys == {LOG, AssetKey(["cdc", "snapshot", "public", "orders_snapshot"])}
-            assert graph.get(LOG).parent_keys == {AssetKey(["source", "public", "orders_snapshot"])}
+            assert graph.get(LOG).parent_keys == {AssetKey(["source", "public", "orders"])}
             assert defs.get_sensor_def("cdc_drain_sensor") is not None
 
 
