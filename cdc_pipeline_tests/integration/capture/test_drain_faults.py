@@ -45,16 +45,31 @@ WAL_SENDER_TIMEOUT_S = 2
 
 
 @pytest.fixture(scope="module")
-def cluster(pg_major: int | None) -> Iterator[embedded.EmbeddedPostgres]:
-    pg = embedded.create(bin_dir=pg_versions.bin_dir(pg_major))
-    pg.start(durable=False)
-    with psycopg.connect(pg.dsn(), autocommit=True) as conn:
-        conn.execute(f"ALTER SYSTEM SET wal_sender_timeout = '{WAL_SENDER_TIMEOUT_S}s'")
-        conn.execute("SELECT pg_reload_conf()")
+def clusters() -> Iterator[dict[int | None, embedded.EmbeddedPostgres]]:
+    """The module's cluster of each major version, started on first use."""
+    made: dict[int | None, embedded.EmbeddedPostgres] = {}
     try:
-        yield pg
+        yield made
     finally:
-        pg.destroy()
+        for pg in made.values():
+            pg.destroy()
+
+
+@pytest.fixture
+def cluster(pg_major: int | None, clusters: dict[int | None, embedded.EmbeddedPostgres]
+            ) -> embedded.EmbeddedPostgres:
+    # Function scope on purpose: a module-scoped fixture built on the parametrized pg_major outlives its
+    # parameter, and pytest hands it to the module's unmarked tests (they ran on the last matrix version).
+    if pg_major not in clusters:
+        for other in list(clusters):  # tests run grouped by version: one cluster at a time
+            clusters.pop(other).destroy()
+        pg = embedded.create(bin_dir=pg_versions.bin_dir(pg_major))
+        pg.start(durable=False)
+        with psycopg.connect(pg.dsn(), autocommit=True) as conn:
+            conn.execute(f"ALTER SYSTEM SET wal_sender_timeout = '{WAL_SENDER_TIMEOUT_S}s'")
+            conn.execute("SELECT pg_reload_conf()")
+        clusters[pg_major] = pg
+    return clusters[pg_major]
 
 
 @pytest.fixture
