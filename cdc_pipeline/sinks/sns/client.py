@@ -22,7 +22,7 @@ from botocore.exceptions import ClientError
 from cdc_pipeline.sinks.aws.client import AwsClient, describe, entry_result, error_code
 from cdc_pipeline.sinks.aws.names import dedup_id, fifo_group_id, route_problem
 from cdc_pipeline.sinks.base import OutboundMessage, SinkConfigLike
-from cdc_pipeline.sinks.batch_plan import Limits
+from cdc_pipeline.sinks.batch_plan import RequestLimits
 from cdc_pipeline.sinks.batching import BatchingSink, DestinationDown, Encoded
 from cdc_pipeline.sinks.sqs.client import MAX_MESSAGE_BYTES, attributes
 
@@ -31,7 +31,7 @@ _MISSING = {"NotFound", "NotFoundException"}
 
 class SnsSink(BatchingSink):
     kind = "sns"
-    limits = Limits(max_entries=10, max_request_bytes=MAX_MESSAGE_BYTES, max_entry_bytes=MAX_MESSAGE_BYTES,
+    request_limits = RequestLimits(max_entries=10, max_request_bytes=MAX_MESSAGE_BYTES, max_entry_bytes=MAX_MESSAGE_BYTES,
                     what="SNS message (body and attributes)")
 
     def __init__(self, sink_config: SinkConfigLike) -> None:

@@ -25,7 +25,7 @@ from botocore.exceptions import ClientError
 from cdc_pipeline.sinks.aws.client import AwsClient, describe, entry_result, error_code
 from cdc_pipeline.sinks.aws.names import dedup_id, fifo_group_id, route_problem
 from cdc_pipeline.sinks.base import OutboundMessage, SinkConfigLike
-from cdc_pipeline.sinks.batch_plan import Limits
+from cdc_pipeline.sinks.batch_plan import RequestLimits
 from cdc_pipeline.sinks.batching import BatchingSink, DestinationDown, Encoded
 from cdc_pipeline.sinks.kafka.topics import headers
 
@@ -47,7 +47,7 @@ def attributes(message: OutboundMessage) -> tuple[dict[str, dict[str, str]], int
 
 class SqsSink(BatchingSink):
     kind = "sqs"
-    limits = Limits(max_entries=10, max_request_bytes=MAX_MESSAGE_BYTES, max_entry_bytes=MAX_MESSAGE_BYTES,
+    request_limits = RequestLimits(max_entries=10, max_request_bytes=MAX_MESSAGE_BYTES, max_entry_bytes=MAX_MESSAGE_BYTES,
                     what="SQS message (body and attributes)")
 
     def __init__(self, sink_config: SinkConfigLike) -> None:
