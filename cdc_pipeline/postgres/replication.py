@@ -85,9 +85,15 @@ class ReplicationStream:
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self.keeper_error: BaseException | None = None
+        # PostgreSQL 18 decodes on when the publication is gone (earlier versions end the stream): pgoutput
+        # only warns, at the first change after the drop, and sends nothing more. The warning comes before
+        # any later frame, so the stream ends right there, as it does on 17 and before.
+        self._missing_publication: str | None = None
+        self.conn.add_notice_handler(self._notice)
         # pgoutput splits publication_names as a list of identifiers: a name with capitals must be
         # double-quoted inside the literal, as CREATE PUBLICATION "AccPub" made it.
         names = sql.Identifier(publication).as_string(self.conn)
+        self._quoted_name = f'"{publication}"'
         options = sql.SQL("proto_version '1', publication_names {}, messages 'true'").format(sql.Literal(names))
         command = sql.SQL("START_REPLICATION SLOT {} LOGICAL {} ({})").format(
             sql.Identifier(slot), sql.SQL(int_to_lsn(start_lsn)), options
@@ -108,6 +114,8 @@ class ReplicationStream:
         pgconn = self.pgconn
         lock = self._lock
         while True:
+            if self._missing_publication is not None:
+                raise ReplicationError(self._missing_publication, "42704")
             if self._held is not None:  # read by waiting()
                 nbytes, data, self._held = 1, self._held, None
             else:
@@ -135,6 +143,13 @@ class ReplicationStream:
             with lock:
                 result = pgconn.get_result()
             raise _error(pgconn, result, "replication stream ended")
+
+    def _notice(self, diag: psycopg.errors.Diagnostic) -> None:
+        # 18's WARNING 'skipped loading publication "p"' (55000), told by its code and the quoted name: the
+        # server's messages may be translated.
+        text = diag.message_primary or ""
+        if diag.sqlstate == "55000" and diag.severity_nonlocalized == "WARNING" and self._quoted_name in text:
+            self._missing_publication = f"publication {self._quoted_name} does not exist (server: {text})"
 
     def waiting(self) -> bool:
         """Whether a frame can be read now (received, or on the socket), without waiting for one: False
