@@ -1,5 +1,5 @@
-"""Dagster definitions built from a pipeline config: each area (capture, delivery, backfill, API sync,
-replay, resources) makes its own `Definitions`, merged here.
+"""Dagster definitions built from a pipeline config: each area (capture, delivery, failed messages, lake
+maintenance, backfill, API sync, replay, resources) makes its own `Definitions`, merged here.
 
 The asset graph is the data's lineage: source tables (``source/<schema>/<table>``, specs only) ->
 ``cdc/change_log`` (materialized by the long-lived drain run) -> ``sink/<name>`` (each materialized by
@@ -18,6 +18,7 @@ from cdc_pipeline.defs.backfill import backfill_definitions
 from cdc_pipeline.defs.capture import capture_definitions
 from cdc_pipeline.defs.delivery import delivery_definitions
 from cdc_pipeline.defs.failed import failed_definitions
+from cdc_pipeline.defs.lake import lake_definitions
 from cdc_pipeline.defs.replay import replay_definitions
 from cdc_pipeline.defs.resources import resource_definitions
 from cdc_pipeline.defs.translator import CdcTranslator
@@ -31,6 +32,7 @@ def build_definitions(path: str, translator: CdcTranslator | None = None) -> Def
         capture_definitions(pipeline, translator),
         delivery_definitions(pipeline, translator),
         failed_definitions(pipeline, translator),
+        lake_definitions(pipeline, translator),
         backfill_definitions(pipeline, translator),
         api_sync_definitions(pipeline, translator),
         replay_definitions(),

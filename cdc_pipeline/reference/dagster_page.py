@@ -18,6 +18,9 @@ sinks:
   - name: orders_mirror
     tables: [public.orders]
     destination: {type: postgres, dsn: "postgresql://app@mirror.example/analytics", table: mirror.orders}
+  - name: orders_lake
+    tables: [public.orders]
+    destination: {type: delta, path: /data/lake, mode: mirror}
 api_sources:
   - name: crm
     type: rest
@@ -28,7 +31,7 @@ api_sources:
 """
 # The example's names -> the pattern they stand for (longest first, so no name is half replaced).
 PATTERNS = (("public/orders", "<schema>/<table>"), ("public_orders", "<schema>_<table>"),
-            ("public.orders", "<schema>.<table>"), ("orders_mirror", "<sink>"), ("mirror.orders", "<target>"),
+            ("public.orders", "<schema>.<table>"), ("orders_mirror", "<sink>"), ("orders_lake", "<lake sink>"), ("mirror.orders", "<target>"),
             ("crm/accounts", "<source>/<collection>"), ("api_sync_crm", "api_sync_<source>"),
             ("crm.accounts", "<table>"), ("collection accounts", "collection <collection>"),
             ("source crm", "source <source>"), ("rest API", "<type> API"))

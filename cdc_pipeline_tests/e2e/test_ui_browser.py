@@ -1,9 +1,9 @@
 """The Dagster UI itself, in a real browser (Debian's chromium through Playwright, installed by
 scripts/bootstrap), on `dagster dev` with the project's dagster.yaml: a partition backfill launched from
 the snapshot asset's page (its Materialize dialog) runs at most two partitions at once (the cdc_backfill
-pool) and each partition's check reports its own backfill. (Retrying a parked message from the retry job's
-Launchpad in the browser is not landed yet: cdc_pipeline_tests/e2e/test_failed_messages_dagster.py runs the
-same job and check in process.)"""
+pool) and each partition's check reports its own backfill; a message the mirror rejects is parked, listed
+by the sink's `no_stale_parked_messages` check, and delivered once the retry job is launched from its
+Launchpad with the message's ID in the run config. One `dagster dev` for the module."""
 
 from __future__ import annotations
 
@@ -17,11 +17,12 @@ from typing import Any
 import psycopg
 import pytest
 import yaml
-from dagster import AssetKey, DagsterInstance, DagsterRunStatus, RunsFilter
+from dagster import AssetCheckKey, AssetKey, DagsterInstance, DagsterRunStatus, RunsFilter
 from psycopg import sql
 
 from cdc_pipeline.admin.setup import setup
-from cdc_pipeline.demo.dagster_dev import DagsterDev, storage_url
+from cdc_pipeline.defs.health import PARKED_CHECK
+from cdc_pipeline.demo.dagster_dev import LOCATION, DagsterDev, storage_url
 from cdc_pipeline_tests.conftest import Database, _drop
 from cdc_pipeline_tests.helpers import mirror_config, wait_until
 
@@ -130,3 +131,34 @@ def test_partition_backfill_from_the_asset_page(ui: Ui, page: Any) -> None:
         assert check.metadata["backfill_id"].value == run.tags["cdc_pipeline/backfill_id"]
         assert check.metadata["dagster_run_id"].value == run.run_id
 
+
+
+def _parked_rows(ui: Ui) -> list[Any]:
+    """The parked messages as the sink's check lists them (its latest evaluation's table)."""
+    key = AssetCheckKey(SINK, PARKED_CHECK)
+    record = ui.instance.event_log_storage.get_latest_asset_check_execution_by_key([key]).get(key)
+    event = record.event.dagster_event if record is not None and record.event is not None else None
+    if event is None or event.event_type_value != "ASSET_CHECK_EVALUATION":
+        return []
+    table = event.asset_check_evaluation_data.metadata.get("parked_messages")
+    return list(table.value.records) if table is not None else []
+
+
+def test_parked_message_retried_from_the_launchpad(ui: Ui, page: Any) -> None:
+    ui.source.execute("UPDATE orders SET status = 'poison' WHERE id = 2")  # the mirror rejects it
+    wait_until(lambda: _parked_rows(ui), 180, "the parked message in the check's table")
+    [row] = _parked_rows(ui)
+    assert row.data["table"] == "public.orders" and "poison" in row.data["error"], row.data
+    ui.dest.execute("ALTER TABLE mirror.orders DROP CONSTRAINT poison")  # the cause fixed
+    _open(page, ui, f"/locations/{LOCATION}/jobs/retry_failed_messages_mirror/playground")
+    editor = page.locator(".CodeMirror").first
+    editor.click()
+    page.keyboard.press("Control+A")
+    page.keyboard.insert_text(f"ops: {{retry_failed_mirror: {{config: {{ids: ['{row.data['id']}']}}}}}}")
+    page.get_by_role("button", name="Launch Run").click()
+    page.wait_for_url("**/runs/**")
+    run_id = page.url.rstrip("/").split("/runs/")[1].split("?")[0]
+    wait_until(lambda: ui.instance.get_run_by_id(run_id).is_finished, 120, "the retry run")
+    assert ui.instance.get_run_by_id(run_id).status == DagsterRunStatus.SUCCESS
+    wait_until(lambda: ui.dest.execute("SELECT status FROM mirror.orders WHERE id = 2") == [("poison",)], 120,
+               "the retried message delivered")

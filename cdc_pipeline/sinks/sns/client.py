@@ -19,12 +19,12 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from cdc_pipeline.sinks.aws.client import AwsClient, describe, entry_result, error_code
-from cdc_pipeline.sinks.aws.names import dedup_id, fifo_group_id, route_problem
+from cdc_pipeline.sinks.aws.client import AwsClient, describe, error_code
+from cdc_pipeline.sinks.aws.messaging import MAX_MESSAGE_BYTES, batch_entry, batch_results, numbered
+from cdc_pipeline.sinks.aws.names import route_problem
 from cdc_pipeline.sinks.base import OutboundMessage, SinkConfigLike
 from cdc_pipeline.sinks.batch_plan import Limits
 from cdc_pipeline.sinks.batching import BatchingSink, DestinationDown, Encoded
-from cdc_pipeline.sinks.sqs.client import MAX_MESSAGE_BYTES, attributes
 
 _MISSING = {"NotFound", "NotFoundException"}
 
@@ -64,25 +64,14 @@ class SnsSink(BatchingSink):
         if problem:
             return problem
         arn = self._arn_prefix + message.route if message.route else self.topic_arn
-        attrs, attrs_size = attributes(message)
-        entry: dict[str, Any] = {"Message": message.payload.decode(), "MessageAttributes": attrs}
-        if arn.endswith(".fifo"):
-            entry["MessageGroupId"] = fifo_group_id(message.group, message.key)
-            entry["MessageDeduplicationId"] = dedup_id(message.key)
-        return Encoded(arn, entry, len(message.payload) + attrs_size)
+        entry, size = batch_entry("Message", message, arn.endswith(".fifo"))
+        return Encoded(arn, entry, size)
 
     async def send(self, target: str, entries: Sequence[tuple[OutboundMessage, Any]]) -> list[str | None]:
         try:
-            answer = await self._client.call("publish_batch", TopicArn=target, PublishBatchRequestEntries=[
-                {"Id": str(n), **entry} for n, (_, entry) in enumerate(entries)])
+            answer = await self._client.call("publish_batch", TopicArn=target, PublishBatchRequestEntries=numbered(entries))
         except ClientError as exc:
             if target == self.topic_arn and error_code(exc) in _MISSING:
                 raise DestinationDown(f"topic {self.topic_arn}: {describe(exc)}") from None
             return [describe(exc)] * len(entries)
-        results: list[str | None] = ["SNS returned no result for this entry"] * len(entries)
-        for ok in answer.get("Successful", []):
-            results[int(ok["Id"])] = None
-        for bad in answer.get("Failed", []):
-            results[int(bad["Id"])] = entry_result(bad.get("Code", "error"), bad.get("Message", ""),
-                                                   bool(bad.get("SenderFault", True)))
-        return results
+        return batch_results("SNS", answer, len(entries))

@@ -22,27 +22,14 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from cdc_pipeline.sinks.aws.client import AwsClient, describe, entry_result, error_code
-from cdc_pipeline.sinks.aws.names import dedup_id, fifo_group_id, route_problem
+from cdc_pipeline.sinks.aws.client import AwsClient, describe, error_code
+from cdc_pipeline.sinks.aws.messaging import MAX_MESSAGE_BYTES, batch_entry, batch_results, numbered
+from cdc_pipeline.sinks.aws.names import route_problem
 from cdc_pipeline.sinks.base import OutboundMessage, SinkConfigLike
 from cdc_pipeline.sinks.batch_plan import Limits
 from cdc_pipeline.sinks.batching import BatchingSink, DestinationDown, Encoded
-from cdc_pipeline.sinks.kafka.topics import headers
 
-MAX_MESSAGE_BYTES = 262_144  # 256 KiB, a message and a whole batch
 _MISSING = {"AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"}
-
-
-def attributes(message: OutboundMessage) -> tuple[dict[str, dict[str, str]], int]:
-    """The message attributes (String) and their size as SQS and SNS count it (name, type and value)."""
-    out: dict[str, dict[str, str]] = {}
-    size = 0
-    for name, value in headers(message.key, message.payload):
-        text = value.decode()
-        if text:  # an attribute value may not be empty
-            out[name] = {"DataType": "String", "StringValue": text}
-            size += len(name.encode()) + len(b"String") + len(value)
-    return out, size
 
 
 class SqsSink(BatchingSink):
@@ -79,31 +66,18 @@ class SqsSink(BatchingSink):
         problem = route_problem("queue", message.route, self.route_prefixes)
         if problem:
             return problem
-        target = message.route or ""
-        fifo = (message.route or self.queue_url).endswith(".fifo")
-        attrs, attrs_size = attributes(message)
-        entry: dict[str, Any] = {"MessageBody": message.payload.decode(), "MessageAttributes": attrs}
-        if fifo:
-            entry["MessageGroupId"] = fifo_group_id(message.group, message.key)
-            entry["MessageDeduplicationId"] = dedup_id(message.key)
-        return Encoded(target, entry, len(message.payload) + attrs_size)
+        entry, size = batch_entry("MessageBody", message, (message.route or self.queue_url).endswith(".fifo"))
+        return Encoded(message.route or "", entry, size)
 
     async def send(self, target: str, entries: Sequence[tuple[OutboundMessage, Any]]) -> list[str | None]:
         try:
             url = await self._url(target)
-            answer = await self._client.call("send_message_batch", QueueUrl=url, Entries=[
-                {"Id": str(n), **entry} for n, (_, entry) in enumerate(entries)])
+            answer = await self._client.call("send_message_batch", QueueUrl=url, Entries=numbered(entries))
         except ClientError as exc:
             if not target and error_code(exc) in _MISSING:
                 raise DestinationDown(f"queue {self.queue_url}: {describe(exc)}") from None
             return [describe(exc)] * len(entries)
-        results: list[str | None] = ["SQS returned no result for this entry"] * len(entries)
-        for ok in answer.get("Successful", []):
-            results[int(ok["Id"])] = None
-        for bad in answer.get("Failed", []):
-            results[int(bad["Id"])] = entry_result(bad.get("Code", "error"), bad.get("Message", ""),
-                                                   bool(bad.get("SenderFault", True)))
-        return results
+        return batch_results("SQS", answer, len(entries))
 
     async def _url(self, route: str) -> str:
         if not route:

@@ -3,7 +3,9 @@
 A sink type joins the suite with ONE fixture here, decorated `@contract_sink`, that returns (or yields) a
 `SinkUnderTest` against its real server (contract.py). What a destination cannot do (a file system refuses
 no row) is named with `lacks=`, with the reason: the suite's tests that need it are not generated for that
-sink type (nothing is skipped). docs/how-to/write-a-sink.md says more.
+sink type (nothing is skipped). A destination that keeps each row's latest state instead of the messages
+registers with `mirror=True`: the suite then compares its rows with the source where it would read the
+messages back. docs/how-to/write-a-sink.md says more.
 """
 
 from __future__ import annotations
@@ -30,10 +32,16 @@ CLOSED_PORT = 1  # nothing listens on port 1
 CONTRACT_SINKS: dict[str, dict[str, str]] = {}
 
 
-def contract_sink(fn: Callable[..., Any] | None = None, *, lacks: dict[str, str] | None = None) -> Any:
-    """Register a fixture as a sink type of the contract suite (`lacks`: capabilities it has not, and why)."""
+_KEEPS = {True: {"history": "a mirror keeps each row's latest state, not the messages"},
+          False: {"mirror": "keeps the messages: the history tests read them back one by one"}}
+
+
+def contract_sink(fn: Callable[..., Any] | None = None, *, lacks: dict[str, str] | None = None,
+                  mirror: bool = False) -> Any:
+    """Register a fixture as a sink type of the contract suite (`lacks`: capabilities it has not, and why;
+    `mirror`: it keeps rows, not messages)."""
     def register(f: Callable[..., Any]) -> Any:
-        CONTRACT_SINKS[f.__name__] = dict(lacks or {})
+        CONTRACT_SINKS[f.__name__] = {**(lacks or {}), **_KEEPS[mirror]}
         return pytest.fixture(f)
 
     return register(fn) if fn is not None else register
@@ -327,7 +335,7 @@ def http_pull_sink(source_db: Database, monkeypatch: pytest.MonkeyPatch) -> Sink
 
 
 # Amazon SQS (a FIFO queue), SNS (a FIFO topic read through a FIFO queue) and Kinesis (two shards, read shard
-# by shard) on moto's server (moto_contract.py, which also says why Typesense is not in the suite).
+# by shard) on moto's server (moto_contract.py).
 
 @contract_sink
 def sqs_sink() -> Iterator[SinkUnderTest]:
@@ -348,6 +356,38 @@ def kinesis_sink() -> Iterator[SinkUnderTest]:
     from cdc_pipeline_tests.integration.sinks.moto_contract import moto_contract
 
     yield from moto_contract("kinesis")
+
+
+@pytest.fixture(scope="session")
+def typesense(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One Typesense server for the session's tests (each test its own collections)."""
+    from cdc_pipeline_tests.servers import typesense_server
+
+    yield from typesense_server(tmp_path_factory.mktemp("ts"))
+
+
+@contract_sink(mirror=True)
+def typesense_sink(typesense: Any, proxy_factory: Callable[[int], TcpProxy]) -> SinkUnderTest:
+    """A collection of the rows, each a document by its key; row POISON's messages routed outside
+    `route_prefixes`, which the sink refuses."""
+    from cdc_pipeline_tests.servers import TYPESENSE_KEY
+
+    collection = unique("cdc_contract_")
+    proxy = proxy_factory(typesense.port)
+
+    def state() -> dict[int, dict[str, Any]]:
+        if collection not in {c["name"] for c in typesense.api("GET", "/collections")}:
+            return {}
+        return {int(k): {"g": d["g"], "v": d["v"]} for k, d in typesense.documents(collection).items()}
+
+    return SinkUnderTest(
+        destination=lambda: {"type": "typesense", "endpoint_url": f"http://127.0.0.1:{proxy.port}",
+                             "api_key": TYPESENSE_KEY, "collection_name": collection,
+                             "route_prefixes": ["cdc_contract_"]},
+        state=state, poison=poison_route("elsewhere"), outage=lambda: cut(proxy),
+        unreachable=lambda: {"type": "typesense", "endpoint_url": f"http://127.0.0.1:{CLOSED_PORT}",
+                             "api_key": "ts-s3cret"},
+        secret="ts-s3cret")
 
 
 _LAKE_LACKS = {"poison": "every value of the suite's table (int, int, text) has an exact lake type: none is refused",

@@ -8,7 +8,7 @@ returning a `SinkUnderTest` (docs/how-to/write-a-sink.md, "Join the contract sui
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -37,7 +37,10 @@ class SinkUnderTest:
     """What a sink type's fixture hands the suite. Every callable reads or acts on the real destination."""
 
     destination: Callable[[], dict[str, Any]]  # the sink's `destination:` (through a proxy where it has an outage)
-    received: Callable[[], list[Got]]  # what the destination holds, in its own order (see `ordered`)
+    received: Callable[[], list[Got]] = list  # what the destination holds, in its own order (see `ordered`)
+    # A mirror (`@contract_sink(mirror=True)`) keeps each row's latest state, not the messages: the rows it
+    # holds, by `id`, as {"g": .., "v": ..}; the suite compares them with the source (`received` is not used).
+    state: Callable[[], dict[int, dict[str, Any]]] | None = None
     # Edits the sink's cdc.yaml entry so that row POISON's messages fail at the destination, alone.
     poison: Callable[[dict[str, Any]], None] | None = None
     outage: Callable[[], AbstractContextManager[None]] | None = None  # the destination down while entered
@@ -106,6 +109,34 @@ def settled(config: PipelineConfig) -> int:
     with psycopg.connect(config.state_dsn) as conn:
         row = conn.execute("SELECT sum(delivered) FROM cdc_pipeline.sink_offsets WHERE sink = 's'").fetchone()
         return int(row[0] or 0) if row else 0
+
+
+def source_rows(source_db: Database) -> dict[int, dict[str, Any]]:
+    """The source table's rows, by `id`, as a mirror's `state` gives them."""
+    with psycopg.connect(source_db.dsn) as conn:
+        return {i: {"g": g, "v": v} for i, g, v in conn.execute("SELECT id, g, v FROM t")}
+
+
+def applied(config: PipelineConfig, without: Collection[str] = ()) -> dict[int, dict[str, Any]]:
+    """The rows a mirror holds once every logged change but those keyed in `without` was applied, in order."""
+    rows: dict[int, dict[str, Any]] = {}
+    with psycopg.connect(config.state_dsn) as conn:
+        for lsn, idx, action, record in conn.execute(
+                "SELECT commit_lsn, commit_idx, action, record FROM cdc_pipeline.change_log ORDER BY 1, 2"):
+            if f"{lsn}:{idx}" in without:
+                continue
+            if action == "delete":
+                rows.pop(int(record["id"]), None)
+            else:
+                rows[int(record["id"])] = {"g": record["g"], "v": record["v"]}
+    return rows
+
+
+def holds_every_change(sut: SinkUnderTest, config: PipelineConfig) -> bool:
+    """Every logged change reached the destination: each message (at least once), or a mirror's every row."""
+    if sut.state is not None:
+        return sut.state() == applied(config)
+    return set(keys(sut.received())) >= {e.key for e in logged(config)}
 
 
 def keys(got: list[Got]) -> list[str]:

@@ -1,9 +1,5 @@
 """The contract suite's sqs, sns and kinesis sink types (conftest.py's `sqs_sink`, `sns_sink`, `kinesis_sink`):
 each on moto's AWS-protocol server, started for the test on a free port (cdc_pipeline_tests/servers.py).
-
-Typesense stays out of the suite: it holds each row's latest document, not the messages, so `received`
-cannot give back every message once, which the suite's first test asks of every sink type; its own tests
-(test_sink_typesense.py, test_reach_pipeline.py) check the mirror against the source instead.
 """
 
 from __future__ import annotations

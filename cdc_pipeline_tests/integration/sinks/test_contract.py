@@ -1,8 +1,8 @@
 """The sink contract: every sink type (one fixture each in conftest.py) against its real server, through the
 whole pipeline (a real source table, the drain, the delivery engine): every message once and each group in
-commit order, idempotency keys and headers, a poison message isolated and counted in the metrics, an outage
-waited for and not counted, a SIGKILL mid-window losing nothing, an unreachable destination refused without
-its secret."""
+commit order, idempotency keys and headers (a mirror instead: the source's rows, inserts, updates and deletes
+applied), a poison message isolated and counted in the metrics, an outage waited for and not counted, a
+SIGKILL mid-window losing nothing, an unreachable destination refused without its secret."""
 
 from __future__ import annotations
 
@@ -29,13 +29,16 @@ from cdc_pipeline_tests.integration.sinks.contract import (
     POISON,
     TEXT,
     SinkUnderTest,
+    applied,
     failed,
     first_seen,
+    holds_every_change,
     in_group_order,
     keys,
     logged,
     pipeline,
     settled,
+    source_rows,
     write,
 )
 from cdc_pipeline_tests.processes import spawn
@@ -43,6 +46,7 @@ from cdc_pipeline_tests.processes import spawn
 WriteConfig = Callable[..., PipelineConfig]
 
 
+@pytest.mark.contract("history")
 def test_every_message_arrives_once_and_each_group_in_commit_order(
         sut: SinkUnderTest, source_db: Database, write_config: WriteConfig, spark: Any) -> None:
     config = pipeline(source_db, write_config, sut)
@@ -58,6 +62,23 @@ def test_every_message_arrives_once_and_each_group_in_commit_order(
         assert g.message["record"]["v"].rstrip("+") == TEXT.format(g.message["record"]["id"])
 
 
+@pytest.mark.contract("mirror")
+def test_mirror_holds_the_source_rows(sut: SinkUnderTest, source_db: Database, write_config: WriteConfig,
+                                      spark: Any) -> None:
+    """Inserts, updates and deletes applied: the destination holds the source's rows, their text unchanged."""
+    assert sut.state is not None
+    config = pipeline(source_db, write_config, sut)
+    write(source_db, 1, 20, updates=2)
+    source_db.execute("DELETE FROM t WHERE id % 5 = 0")
+    write(source_db, 21, 24, updates=0)
+    drain(config)
+    stats = deliver(config, spark, sink="s")
+    assert stats.delivered == len(logged(config)) == 68 and stats.lag_messages == 0
+    assert sut.state() == source_rows(source_db) == applied(config)
+    assert all(row["v"].rstrip("+") == TEXT.format(i) for i, row in sut.state().items())
+
+
+@pytest.mark.contract("history")
 def test_idempotency_keys_and_headers(sut: SinkUnderTest, source_db: Database, write_config: WriteConfig,
                                       spark: Any) -> None:
     config = pipeline(source_db, write_config, sut)
@@ -96,9 +117,12 @@ def test_poison_message_is_isolated_and_counted(sut: SinkUnderTest, source_db: D
     assert {e for _, _, e in parked[1:]} == {HELD}
     # Every other message arrived; the poison did not. (A sink that sends a whole call at once may have sent
     # its group's later ones too: parked all the same, redelivered after it, the idempotency key naming them.)
-    got = keys(sut.received())
-    assert sorted(set(got)) == sorted(got) and behind[0] not in got
-    assert {e.key for e in log if e.key not in behind} <= set(got)
+    if sut.state is not None:
+        assert sut.state() == applied(config, without=behind)
+    else:
+        got = keys(sut.received())
+        assert sorted(set(got)) == sorted(got) and behind[0] not in got
+        assert {e.key for e in log if e.key not in behind} <= set(got)
     samples = {(m.name, s.labels.get("sink")): s.value for m in PipelineCollector(
         lambda: status.collect(config), lambda: [deliverer]).collect() for s in m.samples}
     assert samples[("cdc_sink_messages_delivered", "s")] == stats.delivered == len(log) - len(behind)
@@ -118,7 +142,7 @@ def test_outage_is_waited_for_and_not_counted(sut: SinkUnderTest, source_db: Dat
         write(source_db, 1, 5, updates=0)
         drain(config)
         # settled, not only received: an outage must not cut a call whose acknowledgements are still coming
-        wait_until(lambda: settled(config) == 5 and len(sut.received()) == 5, 60, "the first rows")
+        wait_until(lambda: settled(config) == 5 and holds_every_change(sut, config), 60, "the first rows")
         with sut.outage():
             write(source_db, 6, 10, updates=1)
             drain(config)
@@ -127,15 +151,18 @@ def test_outage_is_waited_for_and_not_counted(sut: SinkUnderTest, source_db: Dat
             assert running.is_alive(), running.error
             assert deliverer.stats is not None and deliverer.stats.waiting
             assert failed(config) == []
-        log = logged(config)
-        wait_until(lambda: set(keys(sut.received())) >= {e.key for e in log}, 120, "every message after the outage")
+        wait_until(lambda: holds_every_change(sut, config), 120, "every change after the outage")
         stats = running.finish()
     finally:
         deliverer.stop()
     assert stats.parked == 0 and stats.discarded == 0 and failed(config) == []
-    assert set(first_seen(sut.received())) == {e.key for e in log}
-    if sut.ordered:
-        in_group_order(sut.received(), log)
+    if sut.state is not None:
+        assert sut.state() == source_rows(source_db)
+    else:
+        log = logged(config)
+        assert set(first_seen(sut.received())) == {e.key for e in log}
+        if sut.ordered:
+            in_group_order(sut.received(), log)
 
 
 @pytest.mark.contract("sigkill")
@@ -156,6 +183,9 @@ def test_sigkill_mid_window_loses_nothing(sut: SinkUnderTest, source_db: Databas
     assert proc.returncode == -signal.SIGKILL, err
     assert settled(config) < 200  # killed mid-way
     deliver(config, spark, sink="s")
+    if sut.state is not None:
+        assert sut.state() == source_rows(source_db)
+        return
     log = logged(config)
     got = sut.received()
     assert set(first_seen(got)) == {e.key for e in log}

@@ -6,7 +6,6 @@ stopped) and a refused API key."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -19,17 +18,12 @@ from cdc_pipeline.postgres.catalog import ColumnInfo, TableInfo
 from cdc_pipeline.sinks import build_sink
 from cdc_pipeline.sinks.base import OutboundMessage, Sink, SinkUnavailable, Unreachable
 from cdc_pipeline.sinks.typesense import TypesenseDestination
-from cdc_pipeline_tests.servers import TYPESENSE_KEY, TypesenseServer, typesense_server, unique
+from cdc_pipeline_tests.servers import TYPESENSE_KEY, TypesenseServer, unique
 
 COLUMNS = (("code", "integer", True), ("name", "text", False), ("qty", "bigint", False), ("price", "numeric(10,2)", False),
            ("tags", "text[]", False), ("seen", "timestamp with time zone", False), ("extra", "jsonb", False))
 TABLE = TableInfo("public", "items", tuple(ColumnInfo(n, t, 0, False, pk) for n, t, pk in COLUMNS), ("code",), "d",
                   ("code",))
-
-
-@pytest.fixture(scope="module")
-def typesense(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TypesenseServer]:
-    yield from typesense_server(tmp_path_factory.mktemp("ts"))
 
 
 def sink_of(server: TypesenseServer, **kw: Any) -> Sink:
