@@ -168,6 +168,7 @@ class Drain:
         state = session.connect(cfg.state_dsn, durable=True, statement_timeout_ms=STATE_STATEMENT_TIMEOUT_MS,
                                 lock_timeout_ms=STATE_LOCK_TIMEOUT_MS, application_name=APP_NAME)
         source: psycopg.Connection | None = None
+        primary: psycopg.Connection | None = None
         stream: ReplicationStream | None = None
         try:
             # One drain per slot: the server allows one consumer per slot anyway; the lock makes the
@@ -185,6 +186,11 @@ class Drain:
             self._phase = "connecting to the source database"
             source = session.connect(cfg.source.dsn, autocommit=True, application_name=APP_NAME,
                                      statement_timeout_ms=SOURCE_STATEMENT_TIMEOUT_MS)
+            # A standby as the source (source.primary_dsn): heartbeats and probes are written on its primary
+            # and reach the slot through the standby's replay.
+            primary = source if not cfg.source.primary_dsn else session.connect(
+                cfg.source.primary_dsn, autocommit=True, application_name=APP_NAME,
+                statement_timeout_ms=SOURCE_STATEMENT_TIMEOUT_MS)
             committed = self._prepare(source, state, stats)
             self.ddl.key = ddl_capture.load_key(source, cfg)  # None: catalog mode (admin/ddl_capture.py)
             self._source = source
@@ -195,7 +201,7 @@ class Drain:
             stream.keep_alive(status_interval(source, cfg.drain.status_interval_seconds))
             self.gaps.start(state)
             self._phase = "streaming"
-            self._loop(stream, state, source, stats, committed, deadline, until_idle)
+            self._loop(stream, state, source, primary, stats, committed, deadline, until_idle)
             if cfg.state.retention_hours:
                 stats.extra["retention_deleted"] = retention.trim_log(
                     state, cfg.state.schema_name, cfg.state.retention_hours, [s.name for s in cfg.sinks])
@@ -204,8 +210,8 @@ class Drain:
             stats.extra["copies"] = self.writer.copies
             if stream is not None:
                 stream.close()
-            for conn in (state, source):
-                if conn is not None:
+            for conn in (state, source, primary):
+                if conn is not None and not conn.closed:
                     conn.close()
 
     def _prepare(self, source: psycopg.Connection, state: psycopg.Connection, stats: DrainStats) -> int:
@@ -235,7 +241,8 @@ class Drain:
 
     # -- the loop ---------------------------------------------------------------------------------
     def _loop(self, stream: ReplicationStream, state: psycopg.Connection, source: psycopg.Connection,
-              stats: DrainStats, committed: int, deadline: float | None, until_idle: bool) -> None:
+              primary: psycopg.Connection, stats: DrainStats, committed: int, deadline: float | None,
+              until_idle: bool) -> None:
         cfg = self.config.drain
         writer = self.writer
         in_txn = skipping = idle = False
@@ -263,13 +270,13 @@ class Drain:
                 if self._stop.is_set() or idle or limit:
                     break
                 if now - last_heartbeat >= cfg.heartbeat_seconds:
-                    at = self._emit(source, HEARTBEAT_PREFIX, "")
+                    at = self._emit(primary, HEARTBEAT_PREFIX, "")
                     target = at if target is None else target
                     last_heartbeat = now
                 if until_idle and probe is None:
                     probe = uuid.uuid4().hex
                     changes_since_probe = 0
-                    self._emit(source, PROBE_PREFIX, probe)
+                    self._emit(primary, PROBE_PREFIX, probe)
             for frame in stream.frames(timeout=min(0.2, cfg.batch_ms / 1000)):
                 if isinstance(frame, Keepalive):
                     caught_up = caught_up or (target is not None and frame.wal_end >= target)
