@@ -27,8 +27,8 @@ import trustme
 from hypercorn.asyncio import serve
 from hypercorn.config import Config
 
-from cdc_pipeline.delivery.dispatch import deliver_in_order
-from cdc_pipeline.delivery.ordering import HELD
+from cdc_pipeline.delivery.schedule.dispatch import deliver_in_order
+from cdc_pipeline.delivery.schedule.order import HELD
 from cdc_pipeline_tests.integration.sinks.test_sink_webhook import keys, webhook
 from cdc_pipeline_tests.integration.sinks.test_sinks_brokers import messages
 from cdc_pipeline_tests.integration.sinks.test_webhook_window import acked_in_order
