@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import psycopg
 
-from cdc_pipeline.config import PipelineConfig
+from cdc_pipeline.config import PipelineConfig, redact
 from cdc_pipeline.core.findings import Finding
-from cdc_pipeline.postgres import catalog
+from cdc_pipeline.postgres import catalog, session, standby
 from cdc_pipeline.postgres.server import ServerVersion
 
 STANDBY_SETTINGS = ("on each standby that may be promoted: sync_replication_slots = on, hot_standby_feedback = on, "
@@ -25,9 +25,48 @@ def server_findings(conn: psycopg.Connection, config: PipelineConfig) -> list[Fi
     version = server_version(conn)
     level, text = version.summary()
     out = [Finding(level, "server", text)]
+    out += mode_findings(conn, config, version)
     if config.source.failover:
         out += failover_findings(conn, config.source.slot, version)
     return out
+
+
+def mode_findings(conn: psycopg.Connection, config: PipelineConfig, version: ServerVersion) -> list[Finding]:
+    """Whether the source is a primary or a standby (decoding there, PostgreSQL 16+, with source.primary_dsn
+    for the writes a standby cannot take)."""
+    primary_dsn = config.source.primary_dsn
+    if not _in_recovery(conn):
+        if primary_dsn:
+            return [Finding("warning", "mode", "source.dsn reaches a primary: source.primary_dsn is not needed (it "
+                            "is for a standby as the source); the drain reads the slot on source.dsn")]
+        return [Finding("ok", "mode", "primary: the slot, the publication and the watermarks on source.dsn")]
+    if conn.info.server_version < standby.MIN_VERSION:
+        return [Finding("error", "mode", f"source.dsn reaches a standby of PostgreSQL {version.text}: decoding on a "
+                        "standby needs 16+; point source.dsn at the primary")]
+    if not primary_dsn:
+        return [Finding("error", "mode", "source.dsn reaches a standby, and source.primary_dsn is not set: set "
+                        "source.primary_dsn to its primary (the publication, the drain's heartbeats and the "
+                        "backfills' watermarks are written there); or point source.dsn at the primary")]
+    try:
+        with session.connect(primary_dsn, autocommit=True) as primary:
+            if _in_recovery(primary):
+                return [Finding("error", "mode", "source.primary_dsn reaches a standby too: it must name the primary")]
+            if _system_id(primary) != _system_id(conn):
+                return [Finding("error", "mode", "source.primary_dsn reaches another cluster than the standby of "
+                                "source.dsn replicates: it must name that standby's primary")]
+    except psycopg.Error as exc:
+        return [Finding("error", "mode", f"source.primary_dsn: cannot connect: {redact(str(exc)).strip()}")]
+    out = [Finding("ok", "mode", "standby: the slot is read on the standby (source.dsn); the publication, "
+                   "heartbeats and watermarks are written on the primary (source.primary_dsn)")]
+    if catalog.setting(conn, "hot_standby_feedback") != "on":
+        out.append(Finding("warning", "mode", "hot_standby_feedback is off on the standby: the primary may remove "
+                           "catalog rows the slot still needs, which invalidates it; set it on and reload"))
+    return out
+
+
+def _system_id(conn: psycopg.Connection) -> str:
+    row = conn.execute("SELECT system_identifier::text FROM pg_control_system()").fetchone()
+    return str(row[0]) if row else ""
 
 
 def failover_findings(conn: psycopg.Connection, slot: str, version: ServerVersion) -> list[Finding]:

@@ -9,7 +9,7 @@ from psycopg import sql
 from cdc_pipeline.admin import ddl_capture, partitioned
 from cdc_pipeline.admin.check import check
 from cdc_pipeline.config import PipelineConfig, redact
-from cdc_pipeline.postgres import catalog, session, slots
+from cdc_pipeline.postgres import catalog, session, slots, standby
 from cdc_pipeline.state.schema import ensure_schema
 
 __all__ = ["SetupError", "setup"]
@@ -35,7 +35,10 @@ def setup(config: PipelineConfig) -> list[str]:
         state = session.connect(config.state_dsn)
     except psycopg.Error as exc:  # a parse error (ProgrammingError) quotes the DSN too: redacted below
         raise SetupError(f"ERROR   state: cannot connect: {redact(str(exc)).strip()}") from exc
-    with state, session.connect(config.source.dsn, autocommit=True) as conn:
+    # A standby as the source (source.primary_dsn): the publication and the schema-change trigger are made on
+    # its primary (they reach the standby by replay), the slot on the standby itself.
+    with state, session.connect(config.primary_dsn, autocommit=True) as conn, \
+            session.connect(config.source.dsn, autocommit=True) as source:
         pub = config.source.publication
         published = catalog.publication_tables(conn, pub)
         tables = [sql.Identifier(t.schema_name, t.table_name) for t in config.tables]
@@ -58,11 +61,18 @@ def setup(config: PipelineConfig) -> list[str]:
             done.append(f"created state schema {config.state.schema_name}")
         if tables:
             done += ddl_capture.install(conn, config)  # schema changes at their position (admin/ddl_capture.py)
-        if tables and catalog.slot_info(conn, config.source.slot) is None:
-            slots.create(conn, config.source.slot, config.source.failover)
+        if tables and catalog.slot_info(source, config.source.slot) is None:
+            if config.source.primary_dsn:
+                # The standby must have replayed the publication first, and its slot waits for a running-xacts
+                # record from the primary: asked for here rather than waited for (up to 15 s).
+                standby.wait_replayed(source, conn)
+                with standby.snapshots_logged(config.source.primary_dsn):
+                    slots.create(source, config.source.slot, False)
+            else:
+                slots.create(source, config.source.slot, config.source.failover)
             done.append(f"created {'failover ' if config.source.failover else ''}replication slot "
                         f"{config.source.slot}")
-        elif tables and config.source.failover and slots.is_failover(conn, config.source.slot) is False:
+        elif tables and config.source.failover and slots.is_failover(source, config.source.slot) is False:
             slots.make_failover(config.source.dsn, config.source.slot)
             done.append(f"made replication slot {config.source.slot} a failover slot")
     return done

@@ -35,7 +35,7 @@ from cdc_pipeline.backfill.typed import typed_columns, wanted
 from cdc_pipeline.backfill.watermark import Watermark, page_token
 from cdc_pipeline.config import PipelineConfig, redact
 from cdc_pipeline.core.backoff import next_delay_ms
-from cdc_pipeline.postgres import session
+from cdc_pipeline.postgres import session, standby
 from cdc_pipeline.state.backfills import FINISHED, BackfillConflict, BackfillStore
 from cdc_pipeline.state.typed_rows import ensure_row_type, record_shape
 
@@ -74,7 +74,8 @@ class Backfiller:
         self.max_query_ms = request.max_query_ms or config.backfill.max_query_ms
         self.store = BackfillStore(config.state.schema_name)
         self.flow = Flow(config, self.spec, self.store)
-        self.same_db = config.state.dsn is None or config.state.dsn == config.source.dsn
+        self.same_db = config.state_dsn == config.source.dsn
+        self._primary: psycopg.Connection | None = None  # where watermarks are written (the source's primary)
         self._stop = threading.Event()
         self._last_report = 0.0
         self.progress: Progress | None = None
@@ -126,7 +127,12 @@ class Backfiller:
         """One go with one pair of sessions: the first claims the backfill, a later one takes it up again."""
         src = session.connect(self.config.source.dsn, autocommit=True, application_name=APP_NAME)
         state: psycopg.Connection | None = None
+        self._primary = None
         try:
+            # A standby as the source: watermarks are written on its primary, pages read on the standby.
+            primary_dsn = self.config.source.primary_dsn
+            self._primary = session.connect(primary_dsn, autocommit=True, application_name=APP_NAME) \
+                if primary_dsn else None
             src.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
             state = session.connect(self.config.state_dsn, autocommit=True, application_name=APP_NAME)
             shape = table_shape(src, self.spec)
@@ -158,6 +164,8 @@ class Backfiller:
             return progress
         finally:
             src.close()
+            if self._primary is not None:
+                self._primary.close()
             if state is not None:
                 state.close()  # releases the runner lock
 
@@ -234,10 +242,11 @@ class Backfiller:
         bid = progress.backfill_id
         cfg = self.config.backfill
         key = self.store.mac_key(state, bid)
+        primary = self._primary or src
         pages = self.store.pages(state, bid)
         for page in pages:
             if page["status"] == "staged":  # see the module docstring
-                emit(src, Watermark(bid, page["page_no"], "high", token=page_token(page["snapshot"], page["read_at"])),
+                emit(primary, Watermark(bid, page["page_no"], "high", token=page_token(page["snapshot"], page["read_at"])),
                      key)
         last = pages[-1] if pages else None
         next_page = last["page_no"] + 1 if last else 0
@@ -273,7 +282,11 @@ class Backfiller:
                 continue
             self.flow.pages.count_attempt(state, bid)
             progress.page_attempts_this_run += 1
-            emit(src, Watermark(bid, next_page, "low"), key)
+            emit(primary, Watermark(bid, next_page, "low"), key)
+            # On a standby, the page's snapshot must see everything the stream places before the low watermark.
+            if primary is not src and not standby.wait_replayed(src, primary, self._stop):
+                progress.status = "interrupted"
+                break
             while True:
                 size = optimizer.size
                 try:
@@ -284,7 +297,7 @@ class Backfiller:
                     optimizer = optimizer.observe_timeout(size)
                     log.info("backfill %s page %s: select of %s rows exceeded %s ms; next try %s rows",
                              bid, next_page, size, self.max_query_ms, optimizer.size)
-            emit(src, Watermark(bid, next_page, "high", token=page.token), key)
+            emit(primary, Watermark(bid, next_page, "high", token=page.token), key)
             optimizer = optimizer.observe(size, page.read_ms, page.rows)
             progress.pages_staged += 1
             progress.rows_staged += page.rows

@@ -210,6 +210,7 @@ class Drain:
         state = session.connect(cfg.state_dsn, durable=True, statement_timeout_ms=STATE_STATEMENT_TIMEOUT_MS,
                                 lock_timeout_ms=STATE_LOCK_TIMEOUT_MS, application_name=APP_NAME)
         source: psycopg.Connection | None = None
+        primary: psycopg.Connection | None = None
         stream: ReplicationStream | None = None
         try:
             # One drain per slot: the server allows one consumer per slot anyway; the lock makes the
@@ -227,6 +228,11 @@ class Drain:
             self._phase = "connecting to the source database"
             source = session.connect(cfg.source.dsn, autocommit=True, application_name=APP_NAME,
                                      statement_timeout_ms=SOURCE_STATEMENT_TIMEOUT_MS)
+            # A standby as the source (source.primary_dsn): heartbeats and probes are written on its primary
+            # and reach the slot through the standby's replay.
+            primary = source if not cfg.source.primary_dsn else session.connect(
+                cfg.source.primary_dsn, autocommit=True, application_name=APP_NAME,
+                statement_timeout_ms=SOURCE_STATEMENT_TIMEOUT_MS)
             committed = self._prepare(source, state, stats)
             self.ddl.key = ddl_capture.load_key(source, cfg)  # None: catalog mode (admin/ddl_capture.py)
             self._source = source
@@ -237,7 +243,7 @@ class Drain:
             stream.keep_alive(status_interval(source, cfg.drain.status_interval_seconds))
             self.gaps.start(state)
             self._phase = "streaming"
-            self._loop(stream, state, source, stats, committed, deadline, until_idle)
+            self._loop(stream, state, source, primary, stats, committed, deadline, until_idle)
             if cfg.state.retention_hours:
                 stats.extra["retention_deleted"] = retention.trim_log(
                     state, cfg.state.schema_name, cfg.state.retention_hours, [s.name for s in cfg.sinks])
@@ -246,8 +252,8 @@ class Drain:
             stats.extra["copies"] = self.writer.copies
             if stream is not None:
                 stream.close()
-            for conn in (state, source):
-                if conn is not None:
+            for conn in (state, source, primary):
+                if conn is not None and not conn.closed:
                     conn.close()
 
     def _prepare(self, source: psycopg.Connection, state: psycopg.Connection, stats: DrainStats) -> int:
@@ -277,7 +283,8 @@ class Drain:
 
     # -- the loop ---------------------------------------------------------------------------------
     def _loop(self, stream: ReplicationStream, state: psycopg.Connection, source: psycopg.Connection,
-              stats: DrainStats, committed: int, deadline: float | None, until_idle: bool) -> None:
+              primary: psycopg.Connection, stats: DrainStats, committed: int, deadline: float | None,
+              until_idle: bool) -> None:
         cfg = self.config.drain
         run = _Pass(committed=committed)
         txn = _Txn()
@@ -287,7 +294,7 @@ class Drain:
                 if self._stop.is_set() or run.idle or (
                         deadline is not None and time.monotonic() >= deadline and run.caught_up):
                     break
-                self._between_transactions(source, run, until_idle)
+                self._between_transactions(primary, run, until_idle)
             for frame in stream.frames(timeout=min(0.2, cfg.batch_ms / 1000)):
                 if isinstance(frame, Keepalive):
                     run.caught_up = run.caught_up or (run.target is not None and frame.wal_end >= run.target)
@@ -305,18 +312,19 @@ class Drain:
             self._commit_pending(state, stream, stats, run, txn.ts, pace)
         stats.committed_lsn = max(stats.committed_lsn, run.committed)
 
-    def _between_transactions(self, source: psycopg.Connection, run: _Pass, until_idle: bool) -> None:
+    def _between_transactions(self, primary: psycopg.Connection, run: _Pass, until_idle: bool) -> None:
         """The heartbeat every heartbeat_seconds (the first one is the position the session must reach
-        before a time limit may end it), and with --until-idle the probe whose return says idle."""
+        before a time limit may end it), and with --until-idle the probe whose return says idle; both
+        written on the primary (the source itself unless it is a standby)."""
         now = time.monotonic()
         if now - run.last_heartbeat >= self.config.drain.heartbeat_seconds:
-            at = self._emit(source, HEARTBEAT_PREFIX, "")
+            at = self._emit(primary, HEARTBEAT_PREFIX, "")
             run.target = at if run.target is None else run.target
             run.last_heartbeat = now
         if until_idle and run.probe is None:
             run.probe = uuid.uuid4().hex
             run.changes_since_probe = 0
-            self._emit(source, PROBE_PREFIX, run.probe)
+            self._emit(primary, PROBE_PREFIX, run.probe)
 
     def _on_message(self, msg: pgoutput.Message, txn: _Txn, run: _Pass, state: psycopg.Connection,
                     source: psycopg.Connection, stats: DrainStats) -> bool:

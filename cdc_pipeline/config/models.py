@@ -40,6 +40,12 @@ class SourceConfig(StrictModel):
                            "creates it so (or alters it), a standby with `sync_replication_slots = on` keeps a copy, "
                            "and after a promotion the drain goes on from that copy. `check` verifies the primary's "
                            "`synchronized_standby_slots` and the slot's flag, and says what to set on the standby.")
+    primary_dsn: Dsn | None = Field(default=None, min_length=1, description="With `dsn` naming a standby "
+                                    "(PostgreSQL 16+, decoding on the standby): its primary, for what only a "
+                                    "primary can do: `setup` of the publication and schema-change capture, the "
+                                    "drain's heartbeats and probes, the backfills' watermarks. The slot lives on "
+                                    "the standby, and backfills read there once it has replayed each page's low "
+                                    "watermark. Also the default state database. Unset: `dsn` is the primary.")
 
     @field_validator("slot")
     @classmethod
@@ -59,7 +65,8 @@ class SourceConfig(StrictModel):
 
 class StateConfig(StrictModel):
     dsn: Dsn | None = Field(default=None, min_length=1, description="The state database (change log, offsets, "
-                            "parked messages, backfills); default: the source database.")
+                            "parked messages, backfills); default: the source database (`source.primary_dsn` when set: a standby is "
+                            "read-only).")
     # `schema` would shadow BaseModel.schema(), hence the alias.
     schema_name: str = Field(default="cdc_pipeline", alias="schema", description="Schema of the state tables.")
     retention_hours: float | None = Field(default=None, gt=0, description="Delete log rows older than this that "
@@ -94,7 +101,8 @@ class DrainConfig(StrictModel):
     batch_rows: int = Field(default=20000, gt=0, description="Write the drain's buffer to the log at this many "
                             "rows (or `batch_bytes`, whichever first).")
     batch_ms: int = Field(default=200, gt=0, description="Commit to the log at least this often while changes "
-                          "keep coming (a quiet stream is committed at once).")
+                          "keep coming (a quiet stream is committed at once; a busy one after six times the last "
+                          "commit's duration, at least 15 ms, when that is sooner).")
     idle_seconds: float = Field(default=2, gt=0, description=_DEPRECATED)  # loading.DEPRECATED_KEYS
     run_minutes: float = Field(default=30, gt=0, description="Dagster: one `cdc_drain` run streams this long, "
                                "then the drain sensor starts the next one.")
@@ -287,14 +295,22 @@ class PipelineConfig(StrictModel):
 
     @property
     def state_dsn(self) -> str:
-        """The state database: ``state.dsn``, defaulting to the source database."""
-        return self.state.dsn or self.source.dsn
+        """The state database: ``state.dsn``, defaulting to the source database (its primary, when the source
+        is a standby: a standby is read-only)."""
+        return self.state.dsn or self.source.primary_dsn or self.source.dsn
+
+    @property
+    def primary_dsn(self) -> str:
+        """Where the source's writes go (heartbeats, watermarks, the publication): ``source.primary_dsn`` when
+        the source is a standby, else the source itself."""
+        return self.source.primary_dsn or self.source.dsn
 
     def check_dsns(self) -> None:
         """Raise ConfigError (a fixed message, never the value) for a DSN libpq cannot parse. Load lets a bare
         word through (a placeholder); commands that connect call this first, so a variable holding only a
         password is reported as a bad DSN, not echoed back by libpq's own parse error."""
-        where: list[tuple[str, str | None]] = [("source.dsn", self.source.dsn), ("state.dsn", self.state.dsn)]
+        where: list[tuple[str, str | None]] = [("source.dsn", self.source.dsn), ("state.dsn", self.state.dsn),
+                                               ("source.primary_dsn", self.source.primary_dsn)]
         where += [(f"sinks[{i}].destination.dsn", getattr(s.destination, "dsn", None)) for i, s in enumerate(self.sinks)]
         where += [(f"api_sources[{i}].dsn", a.dsn) for i, a in enumerate(self.api_sources)]
         bad = [f"{self._label()}: {key}: {DSN_MESSAGE}" for key, value in where if value and not dsn_parses(value)]

@@ -151,7 +151,7 @@ class Enricher:
             if not all(c in row for c in columns):
                 raise EnrichmentUnavailable(f"enrichment query of {self.cfg.table} must select its key columns "
                                             f"({', '.join(columns)})")
-            found.setdefault(key_of([row[c] for c in columns]), text)
+            found.setdefault(key_of([row[c] for c in columns]), text)  # several rows of a key: the first (documented)
         return found
 
     def close(self) -> None:

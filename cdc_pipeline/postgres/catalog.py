@@ -97,11 +97,15 @@ def can_replicate(conn: psycopg.Connection) -> bool:
     return bool(row and row[0])
 
 
+# The server's WAL position: written (a primary) or replayed (a standby, where a slot may live on 16+).
+WAL_POSITION = "CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END"
+
+
 def slot_info(conn: psycopg.Connection, slot: str) -> dict[str, object] | None:
     row = conn.execute(
         "SELECT plugin, active, confirmed_flush_lsn::text, restart_lsn::text, "
-        "pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint, "
-        "pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint, database, wal_status "
+        f"pg_wal_lsn_diff({WAL_POSITION}, confirmed_flush_lsn)::bigint, "
+        f"pg_wal_lsn_diff({WAL_POSITION}, restart_lsn)::bigint, database, wal_status "
         "FROM pg_replication_slots WHERE slot_name = %s",
         (slot,),
     ).fetchone()

@@ -12,8 +12,13 @@ _SCRIPT = ("import atexit, sys, threading, time\n"
            "sys.argv = ['cdc-pipeline', *sys.argv[1:]]\n"
            "from cdc_pipeline.cli import run\n"
            "run()\n")
-_LATE_THREAD = ("threading.Thread(target=lambda: (time.sleep(0.3), print('thread finished', flush=True))"
-                ").start()\n")
+# A thread that finishes only once the main thread has ended (CPython marks it stopped as the interpreter's
+# shutdown begins): alive when the fast exit looks, whatever the machine's load, so it must be waited for.
+_LATE_THREAD = ("def late():\n"
+                "    while threading.main_thread().is_alive():\n"
+                "        time.sleep(0.01)\n"
+                "    print('thread finished', flush=True)\n"
+                "threading.Thread(target=late).start()\n")
 
 
 def _run(*args: str, thread: str = "") -> subprocess.CompletedProcess[str]:

@@ -127,9 +127,10 @@ def test_a_running_delivery_that_falls_behind_stops_loudly(source_db, db_factory
     assert len(rows(dest.dsn, "mirror.t")) < 60
 
 
-def test_a_resync_that_cannot_start_skips_nothing(source_db, db_factory, write_config, spark):
-    """The source is unreachable when a row stream's resync should start: no backfill is registered, so
-    its offset does not move past the log either (the backlog is delivered from it): nothing skipped."""
+def test_a_resync_that_cannot_start_skips_nothing(source_db, db_factory, write_config, spark, caplog):
+    """The source is unreachable when a row stream's resync should start: the resync is tried (and says
+    so), no backfill is registered, so its offset does not move past the log either (the backlog is
+    delivered from it): nothing skipped."""
     dest = db_factory()
     source_db.execute("CREATE TABLE t (id int PRIMARY KEY, v int)")
     data = mirror_config(source_db.dsn, dest.dsn, ["public.t"], stream="rows")
@@ -143,10 +144,13 @@ def test_a_resync_that_cannot_start_skips_nothing(source_db, db_factory, write_c
     drain(config)
     with psycopg.connect(config.state_dsn) as conn:
         head = Store("cdc_pipeline").log_head(conn, ["public.t"])
-    time.sleep(1.5)  # the backlog is now older than the limit
+    wait_past_limit(config)
     # A port nothing listens on: the source is down (the state database is up).
     down = {**data, "source": {**data["source"], "dsn": conninfo.make_conninfo(source_db.dsn, port="1")}}
-    deliver(write_config(down, "down.yaml"), spark)
+    with caplog.at_level("WARNING", logger="cdc_pipeline.delivery.backlog"):
+        deliver(write_config(down, "down.yaml"), spark)
+    tried = [r.getMessage() for r in caplog.records if "resync cannot start" in r.getMessage()]
+    assert tried and tried[0].startswith("sink mirror is "), caplog.text[-3000:]
     with psycopg.connect(config.state_dsn) as conn:
         assert Store("cdc_pipeline").sink_offset(conn, "mirror") == head  # delivered, not skipped
         assert conn.execute("SELECT count(*) FROM cdc_pipeline.backfills").fetchone() == (0,)

@@ -169,28 +169,43 @@ def test_a_replay_beside_live_delivery_never_lands_an_old_version_after_a_new_on
     live = Deliverer(config, config.sink("mirror"), spark)
     live_thread = threading.Thread(target=live.run, kwargs={"until_idle": False, "seconds": 120})
     replayed: list[Any] = []
-    with psycopg.connect(dest.dsn) as blocker:
-        blocker.execute("SELECT * FROM mirror.t WHERE id = 1 FOR UPDATE")  # the replay's writes wait on it
-        replay_thread = threading.Thread(target=lambda: replayed.append(
-            replay(config, "mirror", parse_time(start), spark=spark)))
-        live_thread.start()
-        replay_thread.start()
-        try:
-            wait_for(lambda: bool(dest.execute(
-                "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()")),
-                what="the replay waiting on the row lock")
-            source_db.execute("UPDATE t SET v = 9 WHERE id = 2")
-            drain(config)
-            # Either live delivery wrote v = 9 already (the bug) or it waits for the replay's send lock.
-            wait_for(lambda: mirror_rows(dest.dsn)[1] == (2, 9) or bool(source_db.execute(
-                "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")), what="live delivery")
-        finally:
-            blocker.rollback()
-            replay_thread.join(120)
+    live_thread.start()  # caught up: it waits for changes
     try:
+        with psycopg.connect(dest.dsn) as blocker:
+            blocker.execute("SELECT * FROM mirror.t WHERE id = 1 FOR UPDATE")  # the replay's writes wait on it
+            replay_thread = threading.Thread(target=lambda: replayed.append(
+                replay(config, "mirror", parse_time(start), spark=spark)))
+            replay_thread.start()
+            try:
+                wait_for(lambda: bool(dest.execute(
+                    "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()")),
+                    what="the replay waiting on the row lock")
+                source_db.execute("UPDATE t SET v = 9 WHERE id = 2")
+                drain(config)
+                # Live delivery waits in the lock queue of exactly the sink's send lock, which the replay holds
+                # (one session granted, one waiting), and has written nothing of the new version meanwhile.
+                wait_for(lambda: _send_lock_queue(source_db) == [False, True], timeout=60,
+                         what="live delivery waiting for the replay's send lock")
+                assert mirror_rows(dest.dsn)[1] == (2, 3)
+            finally:
+                blocker.rollback()
+                replay_thread.join(120)
         assert replayed and replayed[0].failed == 0
         wait_for(lambda: mirror_rows(dest.dsn) == [(1, 3), (2, 9)], timeout=60, what="the mirror to equal the source")
         assert mirror_rows(dest.dsn) == [tuple(r) for r in source_db.execute("SELECT id, v FROM t ORDER BY id")]
     finally:
         live.stop()
         live_thread.join(60)
+
+
+def _send_lock_queue(db: Any) -> list[bool]:
+    """`granted` of each session's advisory lock on the mirror's send lock key (delivery/lane_keeper.py), in
+    order: [False, True] is one holder and one waiter."""
+    from cdc_pipeline.delivery.lane_keeper import send_lock
+    from cdc_pipeline.postgres.session import LOCK_KEY_SQL
+
+    return [bool(r[0]) for r in db.execute(
+        "SELECT granted FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 "
+        "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+        f"AND ((classid::bigint << 32) | objid::bigint) = {LOCK_KEY_SQL} ORDER BY granted",
+        (send_lock("mirror"),))]

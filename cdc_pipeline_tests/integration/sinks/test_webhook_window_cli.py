@@ -81,13 +81,13 @@ def test_sigkill_with_a_full_window_outstanding_loses_nothing(
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
         try:
             wait_until(lambda: answered["n"] >= 150 + WINDOW, 240, "a full window of requests outstanding")
-            offset = _offset(config)
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(60)
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
             release.set()
+        offset = _offset(config)  # what the killed process left committed: what a restart starts from
         acked = set(receiver.acked_keys())
         assert len(acked) == 150
         # The offset never passes a message that was not acknowledged (nor parked: nothing is).
