@@ -38,7 +38,7 @@ def _destination(fmt: str, server: MotoServer, bucket: str) -> dict[str, Any]:
         return {"path": f"s3://{bucket}/delta", "storage_options": {
             "AWS_ENDPOINT_URL": server.url, "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true",
             "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "${CDC_TEST_LAKE_SECRET}",
-            "AWS_S3_ALLOW_UNSAFE_RENAME": "true"}}  # one writer per table: the sink's lock, not S3's
+            "AWS_S3_ALLOW_UNSAFE_RENAME": "true"}}  # one writer: a sink without lanes
     return {"warehouse": f"s3://{bucket}/warehouse", "catalog": {"type": "sql", "properties": {
         "s3.endpoint": server.url, "s3.region": "us-east-1", "s3.access-key-id": "test",
         "s3.secret-access-key": "${CDC_TEST_LAKE_SECRET}"}}}
