@@ -239,7 +239,8 @@ def timed_delivery(config_path: Path, rows: int) -> dict[str, float]:
     from collections import Counter
 
     from cdc_pipeline.config import load_config
-    from cdc_pipeline.delivery import engine, settle, staging
+    from cdc_pipeline.delivery import engine, staging
+    from cdc_pipeline.delivery.schedule import settle
     from cdc_pipeline.delivery.spark_stage import spark_session
     from cdc_pipeline.sinks.postgres import client as pg_sink
     from cdc_pipeline.state import store

@@ -1,4 +1,4 @@
-"""The sqs, sns, kinesis and typesense sinks as the engine drives them (delivery/dispatch.py), against a plain
+"""The sqs, sns, kinesis and typesense sinks as the engine drives them (delivery/schedule/dispatch.py), against a plain
 client loop on the same server: the server's own ceiling for one sender.
 
     python bench/reach.py                                  # every sink
@@ -32,7 +32,7 @@ import httpx  # noqa: E402
 from bench._common import VENV_BIN, cpu_busy, machine, table  # noqa: E402
 from bench.sinks import make_messages  # noqa: E402
 from cdc_pipeline.config.destinations import DESTINATION_MODELS  # noqa: E402
-from cdc_pipeline.delivery.dispatch import deliver_in_order  # noqa: E402
+from cdc_pipeline.delivery.schedule.dispatch import deliver_in_order  # noqa: E402
 from cdc_pipeline.sinks import build_sink  # noqa: E402
 from cdc_pipeline.sinks.base import OutboundMessage  # noqa: E402
 from cdc_pipeline_tests.servers import TYPESENSE_KEY, TypesenseServer, free_port, unique  # noqa: E402

@@ -1,4 +1,4 @@
-"""Sink throughput as the engine drives a sink (delivery/dispatch.py: rounds for sinks that pipeline):
+"""Sink throughput as the engine drives a sink (delivery/schedule/dispatch.py: rounds for sinks that pipeline):
 msgs/s against the real local servers.
 
     python bench/sinks.py                        # 200,000 messages of ~250 bytes, every sink
@@ -39,7 +39,7 @@ from cdc_pipeline.config import (  # noqa: E402 (after the path set-up, so it ru
     RedisStreamDestination,
     WebhookDestination,
 )
-from cdc_pipeline.delivery.dispatch import deliver_in_order  # noqa: E402
+from cdc_pipeline.delivery.schedule.dispatch import deliver_in_order  # noqa: E402
 from cdc_pipeline.sinks import build_sink  # noqa: E402
 from cdc_pipeline.sinks.base import OutboundMessage, Sink  # noqa: E402
 

@@ -90,7 +90,7 @@ def main() -> None:
     args = ap.parse_args()
     import trustme
 
-    from cdc_pipeline.delivery.dispatch import deliver_in_order
+    from cdc_pipeline.delivery.schedule.dispatch import deliver_in_order
     from cdc_pipeline.sinks import build_sink
     from cdc_pipeline.sinks.base import OutboundMessage
     from cdc_pipeline.sinks.webhook import MAX_IN_FLIGHT, WebhookDestination

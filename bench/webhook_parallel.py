@@ -204,7 +204,7 @@ def end_to_end(args: argparse.Namespace, base: str) -> list[tuple[str, ...]]:
 # -- the sink alone ----------------------------------------------------------------------------
 
 def sink_only(args: argparse.Namespace, base: str) -> list[tuple[str, ...]]:
-    from cdc_pipeline.delivery.dispatch import deliver_in_order
+    from cdc_pipeline.delivery.schedule.dispatch import deliver_in_order
     from cdc_pipeline.sinks import build_sink
     from cdc_pipeline.sinks.base import OutboundMessage
     from cdc_pipeline.sinks.webhook import WebhookDestination

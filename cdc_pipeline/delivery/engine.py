@@ -1,14 +1,14 @@
 """Delivery of one sink: log -> Spark stage -> sink, with parking, retries and per-group order.
 
 The Deliverer is wired here from explicit parts, each given what it needs: a stager (staging.py), a parking
-lot (parking.py), a relay of typed runs (relay.py), the window of calls (call_window.py), the settler of
-calls (settle.py) and the offset keeper that settles every send (offset.py).
+lot (parking.py), a relay of typed runs (relay.py), the window of calls (schedule/window.py), the settler of
+calls (schedule/settle.py) and the offset keeper that settles every send (offset.py).
 
 Each block: load the log after the last one, run the Spark stage, cut it into the sink's calls of at most
-its `batch_size` log rows (calls.py); each call holds back messages whose group has a parked or failed
-message, hands the rest to the sink in the calls its ordering needs (dispatch.py, ordering.py), parks what
+its `batch_size` log rows (schedule/calls.py); each call holds back messages whose group has a parked or failed
+message, hands the rest to the sink in the calls its ordering needs (schedule/), parks what
 failed (and what is behind it in its group); settled in order, the offset advances past each call. Up to the
-sink's `calls_in_flight` calls are out at once, across blocks, a group's message never before the outcome of
+sink's `max_in_flight` calls (its `limits()`) are out at once, across blocks, a group's message never before the outcome of
 its earlier one. So a poison message never stalls the other groups, and a group never delivers a message
 before an earlier one of its own.
 """
@@ -33,9 +33,6 @@ from cdc_pipeline.backfill.typed import takes_typed
 from cdc_pipeline.config import PipelineConfig, SinkConfig
 from cdc_pipeline.core.backoff import next_delay_ms
 from cdc_pipeline.delivery import backlog
-from cdc_pipeline.delivery.call_window import CallWindow
-from cdc_pipeline.delivery.calls import MIN_LOAD, Call, cut, gather_wait
-from cdc_pipeline.delivery.dispatch import deliver_in_order
 from cdc_pipeline.delivery.enrichment import Enricher
 from cdc_pipeline.delivery.lane_keeper import LaneKeeper, LockStillHeld, SinkBusy, send_lock
 from cdc_pipeline.delivery.lazy_spark import LazySpark
@@ -44,13 +41,16 @@ from cdc_pipeline.delivery.outage import Liveness, transient
 from cdc_pipeline.delivery.parking import RETRY_CHUNK, ParkingLot, messages_from
 from cdc_pipeline.delivery.plan import SinkPlan, empty_output
 from cdc_pipeline.delivery.relay import Relay
-from cdc_pipeline.delivery.settle import Settler
+from cdc_pipeline.delivery.schedule.calls import MIN_LOAD, Call, cut, gather_wait
+from cdc_pipeline.delivery.schedule.dispatch import deliver_in_order
+from cdc_pipeline.delivery.schedule.settle import Settler
+from cdc_pipeline.delivery.schedule.window import CallWindow
 from cdc_pipeline.delivery.staging import StageFailure, Stager
 from cdc_pipeline.delivery.stats import DeliveryStats
 from cdc_pipeline.postgres import session
 from cdc_pipeline.postgres.catalog import TableInfo
 from cdc_pipeline.sinks import build_sink
-from cdc_pipeline.sinks.base import OutboundMessage, Sink
+from cdc_pipeline.sinks.base import Limits, OutboundMessage, Sink
 from cdc_pipeline.state import notify
 from cdc_pipeline.state.base import StateError
 from cdc_pipeline.state.store import LOG_ARROW_SCHEMA, Position, Store
@@ -130,8 +130,9 @@ class Deliverer:
         self.dry_run = dry_run
         self.dry_run_out = dry_run_out or sys.stdout
         self.sink = None if dry_run else (sink or build_sink(sink_config))
+        self.limits = self.sink.limits() if self.sink is not None else Limits()  # what the sink takes at once
         self.batch_size = sink_config.batch_size or config.delivery.batch_size  # log rows per call to the sink
-        self.load_size = max(self.batch_size, MIN_LOAD)  # log rows per read and stage (calls.py)
+        self.load_size = max(self.batch_size, MIN_LOAD)  # log rows per read and stage (schedule/calls.py)
         # A sink that writes files (a lake table) gathers a trickle of changes: once a block reached the log's
         # end, the next is read this long after it (sinks/base.py `gather_seconds`); a backlog goes at once.
         self.gather = type(self.sink).gather_seconds(sink_config) if self.sink is not None else 0.0
@@ -153,7 +154,7 @@ class Deliverer:
         self.parking = ParkingLot(sink_config, lane, self.store, self._live, self.stager, self.send,
                                   min(self.batch_size, RETRY_CHUNK))
         self.relay = Relay(sink_config, lane, self.store, self.sink, self._live, self.offsets) if self.sink else None
-        self.settler = Settler(sink_config.name, self.parking, self.offsets, self._live)  # settle.py
+        self.settler = Settler(sink_config.name, self.parking, self.offsets, self._live)  # schedule/settle.py
 
     def stop(self) -> None:
         self._stop.set()
@@ -252,12 +253,11 @@ class Deliverer:
     def _loop(self, conn: psycopg.Connection, offset: Position, stats: DeliveryStats, started: float,
               until_idle: bool, seconds: float | None) -> Position:
         """Micro-batches until idle (or stopped). The next block is loaded and staged on a second connection
-        while the sink gets the current one's calls (calls.py), up to the sink's `calls_in_flight` at once
-        across blocks (call_window.py); settled in order, the offset following the settled prefix. Each turn:
+        while the sink gets the current one's calls (schedule/calls.py), up to the sink's `max_in_flight` at once
+        across blocks (schedule/window.py); settled in order, the offset following the settled prefix. Each turn:
         the housekeeping between windows (_between_windows), a block read when no call waits (_read), a call
         sent (_send)."""
-        width = self.sink.calls_in_flight() if self.sink is not None else 1
-        window = CallWindow(self.send, width, 2 * self.load_size)
+        window = CallWindow(self.send, self.limits.max_in_flight, 2 * self.load_size)
         with session.connect(self.config.state_dsn) as loader, ThreadPoolExecutor(1) as pool, \
                 notify.watching(self.config.state_dsn, self.config.state.schema_name, self._stop, not until_idle,
                                 f"cdc-pipeline deliver {self.lane.name} (listen)") as watch:
@@ -479,14 +479,14 @@ class Deliverer:
         if self.relay.relay(conn, source, staged.run, after, stats):
             return staged.last, None
         # Rejected, or a parked group: the run message by message, which finds the read at fault or holds
-        # the group's reads behind the parked one (ordering.py).
+        # the group's reads behind the parked one (schedule/order.py).
         fallback = self._load_and_stage(conn, after, staged.run.count, exact=True)
         if fallback.batch.num_rows == 0:  # retention trimmed it meanwhile
             return fallback.last, None
         return after, fallback
 
     def _calls(self, staged: Staged) -> list[Call]:
-        """A staged block cut into the sink's calls (calls.py), each holding this lane's messages only."""
+        """A staged block cut into the sink's calls (schedule/calls.py), each holding this lane's messages only."""
         batch = staged.batch
         positions = list(zip(batch.column("commit_lsn").to_pylist(), batch.column("commit_idx").to_pylist(),
                              strict=True))
@@ -514,7 +514,7 @@ class Deliverer:
         return last
 
     def send(self, messages: Sequence[OutboundMessage], kept_back: Position | None = None) -> list[str | None]:
-        """Per message: None (delivered), its error, or held behind its group's failure (ordering.py). Called
+        """Per message: None (delivered), its error, or held behind its group's failure (schedule/order.py). Called
         from the window's threads too: the destination's liveness is noted as the results come."""
         if not messages:
             return []

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import psycopg
 
 from cdc_pipeline.core.lanes import Split, lane_name, lane_of, parking_group, position_key
-from cdc_pipeline.delivery.ordering import position_of
+from cdc_pipeline.delivery.schedule.order import position_of
 from cdc_pipeline.delivery.staging import StageFailure
 from cdc_pipeline.postgres import session
 from cdc_pipeline.sinks.base import OutboundMessage, Sink

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import psycopg
 
 from cdc_pipeline.core.positions import Position
-from cdc_pipeline.delivery.ordering import HELD
+from cdc_pipeline.delivery.schedule.order import HELD
 from cdc_pipeline.sinks.base import SinkUnavailable, Unreachable
 
 # SQLSTATE classes that heal by themselves: connection exception, insufficient resources, operator

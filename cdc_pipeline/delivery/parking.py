@@ -15,8 +15,8 @@ import pyarrow as pa
 from cdc_pipeline.config import SinkConfig
 from cdc_pipeline.core.backoff import next_delay_ms
 from cdc_pipeline.core.lanes import parking_group
-from cdc_pipeline.delivery.ordering import HELD, position_of, split_held
 from cdc_pipeline.delivery.outage import Liveness
+from cdc_pipeline.delivery.schedule.order import HELD, position_of, split_held
 from cdc_pipeline.delivery.staging import NotIsolated, StageFailure, Stager
 from cdc_pipeline.delivery.stats import DeliveryStats
 from cdc_pipeline.sinks.base import OutboundMessage, TypedRow

@@ -4,7 +4,7 @@ A run of typed reads at the head of the sink's log (state/typed_log.py) is strea
 database's COPY into the sink's (``deliver_typed_run``) and the offset advanced past it, with no message per
 row. It is not relayed while one of the sink's groups has a parked message, and a run the sink rejects is
 applied by no one: the caller then sends the run message by message, which holds or parks what it must
-(ordering.py).
+(schedule/order.py).
 """
 
 from __future__ import annotations

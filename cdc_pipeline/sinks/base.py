@@ -2,7 +2,8 @@
 
 A sink is a client of one destination: it reports what became of each message it was handed. What to
 do about a failure (hold the group back, park, retry, give up) is the delivery engine's business alone
-(delivery/ordering.py and delivery/parking.py); a sink knows nothing of it.
+(delivery/schedule/ and delivery/parking.py); a sink knows nothing of it. A sink declares its `limits()`
+(calls at once, whether a call keeps order): the scheduler keeps within them.
 
 Contract (what the delivery engine relies on):
 
@@ -12,11 +13,11 @@ Contract (what the delivery engine relies on):
   stop at a failure and report every later message `NOT_SENT` (the engine hands it the ones whose group
   is still in order in a next call): sinks that send one request or transaction after another do, so a
   group never reaches the destination past its failed message. A sink that pipelines (sends before the
-  earlier messages are acknowledged) sets `one_per_group`: the engine then hands it at most one message
-  per group per call, so a group's next message goes out only after the previous one was acknowledged.
+  earlier messages are acknowledged) declares `Limits(ordered=False)`: the engine then hands it at most one
+  message per group per call, so a group's next message goes out only after the previous one was acknowledged.
   A sink may also keep many requests of one call in flight itself, as long as a group's later message
   waits for its earlier one's acknowledgement and is reported NOT_SENT once an earlier one was not
-  acknowledged (the webhook's window, sinks/window.py): it does not pipeline, so it is not `one_per_group`.
+  acknowledged (the webhook's window, sinks/window.py): it does not pipeline, so its calls are `ordered`.
   What a sink did deliver past its group's failure is parked behind it by the engine all the same, and
   redelivered after it (a duplicate the idempotency key identifies).
 * `SinkUnavailable` is raised (by `open()` or `deliver()`) when the destination as a whole cannot be
@@ -45,7 +46,7 @@ import contextlib
 import threading
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 from cdc_pipeline.core.findings import Finding
@@ -112,11 +113,21 @@ class SinkConfigLike(Protocol):
     destination: Any
 
 
+class Limits(NamedTuple):
+    """What a sink takes at once; the scheduler (delivery/schedule/) keeps within it."""
+
+    # `deliver` calls out at once, from as many threads, across micro-batches (delivery/schedule/window.py).
+    # More than 1 only for a sink whose `deliver` is thread-safe, that bounds its requests across calls
+    # itself, and that records no `position()`.
+    max_in_flight: int = 1
+    # A call keeps order within each group (it sends one after another, or stops at a failure). False: it
+    # pipelines (sends before earlier messages are acknowledged), so it is handed at most one message per
+    # group per call (see the module doc).
+    ordered: bool = True
+
+
 class Sink(abc.ABC):
     name: str
-    # Pipelines a call's messages (sends before earlier ones are acknowledged): the engine hands it at
-    # most one message per group per call (see the module doc).
-    one_per_group: ClassVar[bool] = False
     # Holds the latest version of each row (a mirror), not a history: a replay continues past its window
     # up to the sink's offset, so the destination ends where its offset says (delivery/replay.py).
     holds_rows: bool = False
@@ -141,11 +152,9 @@ class Sink(abc.ABC):
         """The last position the destination itself committed, for sinks that commit it atomically."""
         return None
 
-    def calls_in_flight(self) -> int:
-        """How many `deliver` calls the engine may have outstanding at once, from as many threads (its window
-        across micro-batches, delivery/call_window.py). More than 1 only for a sink whose `deliver` is
-        thread-safe, that bounds its requests across calls itself, and that records no `position()`."""
-        return 1
+    def limits(self) -> Limits:
+        """What it takes at once (`Limits`); the defaults: one ordered call at a time."""
+        return Limits()
 
     def bind_lane(self, key: str) -> None:  # noqa: B027
         """The key this deliverer's own position is recorded under (core/lanes.py `position_key`: the sink's

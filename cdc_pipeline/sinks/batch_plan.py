@@ -22,7 +22,7 @@ from cdc_pipeline.sinks.base import NOT_SENT
 
 
 @dataclass(frozen=True, slots=True)
-class Limits:
+class RequestLimits:
     max_entries: int  # entries per request
     max_request_bytes: int  # sum of the entries' sizes per request
     max_entry_bytes: int  # one entry
@@ -35,7 +35,7 @@ class Plan:
     refused: dict[int, str] = field(default_factory=dict)  # index -> why it was not sent (error or NOT_SENT)
 
 
-def plan_requests(groups: Sequence[str | None], sizes: Sequence[int | str], limits: Limits) -> Plan:
+def plan_requests(groups: Sequence[str | None], sizes: Sequence[int | str], limits: RequestLimits) -> Plan:
     """Cut messages (their groups and encoded sizes, in batch order) into requests (see the module doc).
     A size that is a string is that message's own error, found while encoding it (a refused route)."""
     plan = Plan()
@@ -67,11 +67,11 @@ def plan_requests(groups: Sequence[str | None], sizes: Sequence[int | str], limi
     return plan
 
 
-def _fits(request: list[int], used: int, size: int, limits: Limits) -> bool:
+def _fits(request: list[int], used: int, size: int, limits: RequestLimits) -> bool:
     return len(request) < limits.max_entries and used + size <= limits.max_request_bytes
 
 
-def too_large(size: int, limits: Limits) -> str:
+def too_large(size: int, limits: RequestLimits) -> str:
     return (f"message too large: the {limits.what} would be {size} bytes, over the limit of "
             f"{limits.max_entry_bytes} bytes; not sent")
 

@@ -29,7 +29,7 @@ from cdc_pipeline.sinks.base import (
     SinkUnavailable,
     Unreachable,
 )
-from cdc_pipeline.sinks.batch_plan import Limits, plan_requests
+from cdc_pipeline.sinks.batch_plan import RequestLimits, plan_requests
 from cdc_pipeline.sinks.window import send_window
 
 _PENDING = "\x00pending"  # placeholder result; never returned (compared by identity)
@@ -49,7 +49,7 @@ class Encoded(NamedTuple):
 
 class BatchingSink(Sink):
     kind: str  # for messages: "sqs", "kinesis", ...
-    limits: Limits
+    request_limits: RequestLimits
 
     def __init__(self, name: str, max_in_flight: int) -> None:
         self.name = name
@@ -156,7 +156,7 @@ class BatchingSink(Sink):
         sizes: list[int | str] = [NOT_SENT if g is not None and g in stopped  # stopped in an earlier segment
                                   else (e if isinstance(e := encoded[i], str) else e.size)
                                   for i, g in zip(segment, groups, strict=True)]
-        plan = plan_requests(groups, sizes, self.limits)
+        plan = plan_requests(groups, sizes, self.request_limits)
         for n, why in plan.refused.items():
             results[segment[n]] = why
         requests = [[segment[n] for n in request] for request in plan.requests]

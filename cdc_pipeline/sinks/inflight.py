@@ -1,6 +1,6 @@
 """Bookkeeping for sinks that pipeline their publishes and settle them as the broker acknowledges.
 
-Pipelining is across groups only: such a sink sets `one_per_group`, so the engine hands it at most one
+Pipelining is across groups only: such a sink's calls are not `ordered` (its `Limits`), so the engine hands it at most one
 message per group per call and a group's next message is published once the previous one is
 acknowledged (9.15).
 
@@ -20,6 +20,7 @@ from typing import Any
 
 from cdc_pipeline.sinks.base import (
     EventLoopThread,
+    Limits,
     OutboundMessage,
     Sink,
     SinkUnavailable,
@@ -72,7 +73,6 @@ class PipelinedSink(Sink):
     """A sink whose asyncio client publishes a batch ahead of its acknowledgements on a private loop."""
 
     kind: str  # for messages: "nats", "rabbitmq"
-    one_per_group = True  # publishes ahead of acknowledgements
     _runner: EventLoopThread | None
 
     def __init__(self) -> None:
@@ -82,6 +82,9 @@ class PipelinedSink(Sink):
     @abc.abstractmethod
     def _connect(self) -> Coroutine[Any, Any, None]:
         """Connect and declare what the destination needs; raises SinkUnavailable when unreachable."""
+
+    def limits(self) -> Limits:
+        return Limits(ordered=False)  # publishes ahead of acknowledgements
 
     def open(self) -> None:
         if self._runner is None:

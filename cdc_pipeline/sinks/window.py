@@ -5,7 +5,7 @@ returns, never a group out of order.
 A chunk waits until the previous chunk holding any of its groups has returned (acknowledged or not), so
 a group's later message is sent only after its earlier one was acknowledged. A chunk one of whose groups
 stalled (a message not acknowledged: failed or not sent) is not sent at all, and its groups stall in turn:
-the sink reports it not sent and the engine hands back what may still follow (ordering.py). Ungrouped
+the sink reports it not sent and the engine hands back what may still follow (delivery/schedule/). Ungrouped
 messages (group None) wait for nothing. Runs on the sink's event loop; the sending itself is the sink's.
 """
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from psycopg import sql
 
 from cdc_pipeline.config import PostgresDestination
-from cdc_pipeline.delivery.dispatch import deliver_in_order
+from cdc_pipeline.delivery.schedule.dispatch import deliver_in_order
 from cdc_pipeline.postgres.catalog import ColumnInfo, TableInfo
 from cdc_pipeline.postgres.compose import execute
 from cdc_pipeline.postgres.keyset import parse_qualified

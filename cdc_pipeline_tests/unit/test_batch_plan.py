@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 
 from cdc_pipeline.sinks.aws.names import FIFO_ID_CHARS, dedup_id, fifo_group_id, partition_key, route_problem
 from cdc_pipeline.sinks.base import NOT_SENT
-from cdc_pipeline.sinks.batch_plan import Limits, bounded_id, plan_requests
+from cdc_pipeline.sinks.batch_plan import RequestLimits, bounded_id, plan_requests
 
-LIMITS = Limits(max_entries=4, max_request_bytes=100, max_entry_bytes=60, what="test entry")
+LIMITS = RequestLimits(max_entries=4, max_request_bytes=100, max_entry_bytes=60, what="test entry")
 
 batches = st.lists(st.tuples(st.one_of(st.none(), st.sampled_from("abcde")), st.integers(1, 70)), max_size=60)
 

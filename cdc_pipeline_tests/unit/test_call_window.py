@@ -1,4 +1,4 @@
-"""The engine's window across micro-batches (delivery/calls.py, delivery/call_window.py): a block cut into
+"""The engine's window across micro-batches (delivery/schedule/calls.py, delivery/schedule/window.py): a block cut into
 calls loses and moves nothing; calls out at once from many threads hand each group to the sink exactly as a
 call-at-a-time engine would, never a group's message before its earlier one's outcome is known, never past
 its failure; calls settle in order. The sink here is an in-memory destination with latency and poison keys."""
@@ -14,10 +14,10 @@ from datetime import datetime, timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cdc_pipeline.delivery.call_window import CallWindow
-from cdc_pipeline.delivery.calls import Call, cut
-from cdc_pipeline.delivery.dispatch import deliver_in_order
-from cdc_pipeline.delivery.ordering import HELD, position_of
+from cdc_pipeline.delivery.schedule.calls import Call, cut
+from cdc_pipeline.delivery.schedule.dispatch import deliver_in_order
+from cdc_pipeline.delivery.schedule.order import HELD, position_of
+from cdc_pipeline.delivery.schedule.window import CallWindow
 from cdc_pipeline.sinks.base import NOT_SENT, OutboundMessage, Sink
 
 T0 = datetime(2026, 11, 26)

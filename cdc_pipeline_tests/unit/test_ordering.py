@@ -1,4 +1,4 @@
-"""The engine's per-group order (delivery/ordering.py): what each sink call carries, what is held back."""
+"""The engine's per-group order (delivery/schedule/order.py): what each sink call carries, what is held back."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cdc_pipeline.delivery.ordering import HELD, GroupOrder, SinkContractError, split_held
+from cdc_pipeline.delivery.schedule.order import HELD, GroupOrder, SinkContractError, split_held
 from cdc_pipeline.sinks.base import NOT_SENT, OutboundMessage
 
 # A batch: each message's group (None = ungrouped) and whether the destination accepts it.
@@ -17,7 +17,7 @@ batches = st.lists(st.tuples(st.sampled_from([None, "a", "b", "c", "d"]), st.boo
 
 def run(batch: Sequence[tuple[str | None, bool]], one_per_group: bool, stops: bool,
         ) -> tuple[list[str | None], list[list[int]], list[int]]:
-    """Drive GroupOrder as dispatch.py does against a destination model. `stops`: the sink stops at its
+    """Drive GroupOrder as schedule/dispatch.py does against a destination model. `stops`: the sink stops at its
     first failure (the rest NOT_SENT); else it carries on, as a pipelined sink does. Returns the outcome,
     the calls and the indexes sent, in sending order."""
     order = GroupOrder([g for g, _ in batch], one_per_group)

@@ -25,7 +25,7 @@ from botocore.exceptions import ClientError
 from cdc_pipeline.sinks.aws.client import AwsClient, describe, entry_result, error_code
 from cdc_pipeline.sinks.aws.names import partition_key, route_problem
 from cdc_pipeline.sinks.base import OutboundMessage, SinkConfigLike
-from cdc_pipeline.sinks.batch_plan import Limits
+from cdc_pipeline.sinks.batch_plan import RequestLimits
 from cdc_pipeline.sinks.batching import BatchingSink, DestinationDown, Encoded
 
 MAX_RECORD_BYTES = 1_048_576  # 1 MiB: data and partition key
@@ -36,7 +36,7 @@ _MISSING = {"ResourceNotFoundException"}
 
 class KinesisSink(BatchingSink):
     kind = "kinesis"
-    limits = Limits(max_entries=MAX_RECORDS, max_request_bytes=MAX_CALL_BYTES, max_entry_bytes=MAX_RECORD_BYTES,
+    request_limits = RequestLimits(max_entries=MAX_RECORDS, max_request_bytes=MAX_CALL_BYTES, max_entry_bytes=MAX_RECORD_BYTES,
                     what="Kinesis record (data and partition key)")
 
     def __init__(self, sink_config: SinkConfigLike) -> None:

@@ -26,7 +26,7 @@ from cdc_pipeline.sinks.aws.client import AwsClient, describe, error_code
 from cdc_pipeline.sinks.aws.messaging import MAX_MESSAGE_BYTES, batch_entry, batch_results, numbered
 from cdc_pipeline.sinks.aws.names import route_problem
 from cdc_pipeline.sinks.base import OutboundMessage, SinkConfigLike
-from cdc_pipeline.sinks.batch_plan import Limits
+from cdc_pipeline.sinks.batch_plan import RequestLimits
 from cdc_pipeline.sinks.batching import BatchingSink, DestinationDown, Encoded
 
 _MISSING = {"AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"}
@@ -34,7 +34,7 @@ _MISSING = {"AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"}
 
 class SqsSink(BatchingSink):
     kind = "sqs"
-    limits = Limits(max_entries=10, max_request_bytes=MAX_MESSAGE_BYTES, max_entry_bytes=MAX_MESSAGE_BYTES,
+    request_limits = RequestLimits(max_entries=10, max_request_bytes=MAX_MESSAGE_BYTES, max_entry_bytes=MAX_MESSAGE_BYTES,
                     what="SQS message (body and attributes)")
 
     def __init__(self, sink_config: SinkConfigLike) -> None:

@@ -26,7 +26,7 @@ from urllib.parse import quote
 import httpx
 
 from cdc_pipeline.sinks.base import OutboundMessage, SinkConfigLike, Unreachable, safe_endpoint
-from cdc_pipeline.sinks.batch_plan import Limits
+from cdc_pipeline.sinks.batch_plan import RequestLimits
 from cdc_pipeline.sinks.batching import BatchingSink, DestinationDown, Encoded
 from cdc_pipeline.sinks.typesense.documents import (
     Change,
@@ -51,7 +51,7 @@ class TypesenseSink(BatchingSink):
     def __init__(self, sink_config: SinkConfigLike) -> None:
         dest = sink_config.destination
         super().__init__(sink_config.name, dest.max_in_flight)
-        self.limits = Limits(max_entries=dest.batch_size, max_request_bytes=MAX_REQUEST_BYTES,
+        self.request_limits = RequestLimits(max_entries=dest.batch_size, max_request_bytes=MAX_REQUEST_BYTES,
                              max_entry_bytes=MAX_REQUEST_BYTES, what="Typesense document")
         self.url: str = dest.endpoint_url.rstrip("/")
         self.where = safe_endpoint(self.url)

@@ -41,6 +41,7 @@ from cdc_pipeline.core.metrics_registry import REQUEST_SECONDS, REQUESTS_IN_FLIG
 from cdc_pipeline.sinks.base import (
     NOT_SENT,
     EventLoopThread,
+    Limits,
     OutboundMessage,
     Sink,
     SinkConfigError,
@@ -131,8 +132,8 @@ class WebhookSink(Sink):
             runner.stop()
 
     # -- delivery ---------------------------------------------------------------------------------
-    def calls_in_flight(self) -> int:
-        return self.max_in_flight
+    def limits(self) -> Limits:
+        return Limits(max_in_flight=self.max_in_flight)
 
     def deliver(self, batch: Sequence[OutboundMessage]) -> list[str | None]:
         if not batch:

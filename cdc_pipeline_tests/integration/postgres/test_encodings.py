@@ -6,7 +6,7 @@ from __future__ import annotations
 import psycopg
 
 from cdc_pipeline.admin.setup import setup
-from cdc_pipeline.delivery.ordering import HELD
+from cdc_pipeline.delivery.schedule.order import HELD
 from cdc_pipeline_tests.helpers import deliver, drain
 from cdc_pipeline_tests.integration.backfill.test_backfill import backfill, backfill_config
 

@@ -17,7 +17,7 @@ import pytest
 from cdc_pipeline.admin import status
 from cdc_pipeline.config import PipelineConfig
 from cdc_pipeline.delivery.engine import Deliverer
-from cdc_pipeline.delivery.ordering import HELD
+from cdc_pipeline.delivery.schedule.order import HELD
 from cdc_pipeline.ops.metrics import PipelineCollector
 from cdc_pipeline.sinks import build_sink
 from cdc_pipeline.sinks.base import OutboundMessage, SinkUnavailable

@@ -12,8 +12,8 @@ from types import SimpleNamespace
 import pytest
 from pydantic import ValidationError
 
-from cdc_pipeline.delivery.dispatch import deliver_in_order
-from cdc_pipeline.delivery.ordering import HELD
+from cdc_pipeline.delivery.schedule.dispatch import deliver_in_order
+from cdc_pipeline.delivery.schedule.order import HELD
 from cdc_pipeline.sinks import build_sink
 from cdc_pipeline.sinks.base import SinkConfigError, SinkUnavailable, Unreachable
 from cdc_pipeline.sinks.kafka import KafkaDestination

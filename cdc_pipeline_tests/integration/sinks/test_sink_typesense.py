@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from cdc_pipeline.delivery.dispatch import deliver_in_order
-from cdc_pipeline.delivery.ordering import HELD
+from cdc_pipeline.delivery.schedule.dispatch import deliver_in_order
+from cdc_pipeline.delivery.schedule.order import HELD
 from cdc_pipeline.postgres.catalog import ColumnInfo, TableInfo
 from cdc_pipeline.sinks import build_sink
 from cdc_pipeline.sinks.base import OutboundMessage, Sink, SinkUnavailable, Unreachable

@@ -23,8 +23,8 @@ import pytest
 import redis
 
 from cdc_pipeline.config import NatsDestination, RabbitMQDestination, RedisStreamDestination
-from cdc_pipeline.delivery.dispatch import deliver_in_order
-from cdc_pipeline.delivery.ordering import HELD
+from cdc_pipeline.delivery.schedule.dispatch import deliver_in_order
+from cdc_pipeline.delivery.schedule.order import HELD
 from cdc_pipeline.sinks import build_sink
 from cdc_pipeline.sinks.base import (
     OutboundMessage,

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from cdc_pipeline.delivery.dispatch import deliver_in_order
-from cdc_pipeline.delivery.ordering import HELD
+from cdc_pipeline.delivery.schedule.dispatch import deliver_in_order
+from cdc_pipeline.delivery.schedule.order import HELD
 from cdc_pipeline_tests.integration.sinks.test_sink_webhook import Receiver, keys, webhook
 from cdc_pipeline_tests.integration.sinks.test_sinks_brokers import messages
 

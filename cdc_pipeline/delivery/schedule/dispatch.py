@@ -1,6 +1,6 @@
 """Hand a batch to a sink in the calls its ordering needs, and apply the engine's policy to the results.
 
-The sink reports raw per-message outcomes; `GroupOrder` (ordering.py) decides what each call carries and
+The sink reports raw per-message outcomes; `GroupOrder` (order.py) decides what each call carries and
 what is held back. Before each call the sink learns the earliest position the engine will park, so a
 sink that commits its own position never records one past a message that is not delivered yet.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from cdc_pipeline.core.positions import Position
-from cdc_pipeline.delivery.ordering import GroupOrder, position_of
+from cdc_pipeline.delivery.schedule.order import GroupOrder, position_of
 from cdc_pipeline.sinks.base import OutboundMessage, Sink, SinkUnavailable, Unreachable
 
 
@@ -19,7 +19,7 @@ def deliver_in_order(sink: Sink, messages: Sequence[OutboundMessage],
     """One result per message: None (delivered), its own error, or ordering.HELD. `kept_back` is the
     earliest position of the batch the engine parks without sending. Raises SinkUnavailable when the
     destination is down and nothing was delivered."""
-    order = GroupOrder([m.group for m in messages], sink.one_per_group)
+    order = GroupOrder([m.group for m in messages], one_per_group=not sink.limits().ordered)
     ceiling, seen = kept_back, 0
     while call := order.next_call():
         for i in order.parked[seen:]:

@@ -7,11 +7,11 @@ and turns the sink's raw results (None, an error, NOT_SENT) into the batch's out
 
 * a sink that stops at a failure reports the rest NOT_SENT: they come back in the next call, minus the
   messages of groups that failed (held, never sent);
-* a sink that pipelines (`one_per_group`) gets rounds: at most one message per group per call, a
+* a sink that pipelines (`one_per_group`: its `Limits` not `ordered`) gets rounds: at most one message per group per call, a
   group's next message only after the previous one was acknowledged;
 * what a sink did deliver past its group's failure in the same call is held all the same.
 
-No I/O: `delivery/dispatch.py` runs it against a sink.
+No I/O: `delivery/schedule/dispatch.py` runs it against a sink.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from cdc_pipeline.core.positions import Position
-from cdc_pipeline.delivery.ordering import position_of
+from cdc_pipeline.delivery.schedule.order import position_of
 from cdc_pipeline.delivery.staging import StageFailure
 from cdc_pipeline.sinks.base import OutboundMessage
 

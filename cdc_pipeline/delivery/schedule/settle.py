@@ -1,4 +1,4 @@
-"""Settling the calls of the window (call_window.py) whose outcome is known, in order, in one state
+"""Settling the calls of the window (window.py) whose outcome is known, in order, in one state
 transaction: what failed is parked (and what is behind it in its group), the offset moves past the last of
 them. The one place that tells a destination that is down from messages that went unanswered beside
 acknowledged ones (outage.py), across calls as within one."""
@@ -11,10 +11,10 @@ import psycopg
 
 from cdc_pipeline.core.metrics_registry import BATCH_SECONDS
 from cdc_pipeline.core.positions import Position
-from cdc_pipeline.delivery.call_window import CallWindow, Outstanding, Part
 from cdc_pipeline.delivery.offset import OffsetKeeper
 from cdc_pipeline.delivery.outage import DestinationDown, Liveness, all_down
 from cdc_pipeline.delivery.parking import ParkingLot
+from cdc_pipeline.delivery.schedule.window import CallWindow, Outstanding, Part
 from cdc_pipeline.delivery.stats import DeliveryStats
 
 

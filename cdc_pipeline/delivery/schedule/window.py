@@ -23,8 +23,8 @@ from concurrent.futures import wait as wait_all
 from dataclasses import dataclass, field
 
 from cdc_pipeline.core.positions import Position
-from cdc_pipeline.delivery.calls import Call
-from cdc_pipeline.delivery.ordering import position_of, split_held
+from cdc_pipeline.delivery.schedule.calls import Call
+from cdc_pipeline.delivery.schedule.order import position_of, split_held
 from cdc_pipeline.sinks.base import OutboundMessage, SinkUnavailable, Unreachable
 
 UNSETTLED_CALLS = 4  # calls done but not settled yet (behind a slower earlier one), in units of the width
