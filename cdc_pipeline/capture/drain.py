@@ -32,6 +32,7 @@ from psycopg import sql
 from cdc_pipeline.admin import ddl_capture
 from cdc_pipeline.capture import annotations, failover, faults, gap
 from cdc_pipeline.capture.changes import LogRow, RelationShape, row_change, truncate_row
+from cdc_pipeline.capture.commit_pace import CommitPace
 from cdc_pipeline.capture.logwriter import LogWriter
 from cdc_pipeline.capture.prefixes import DDL_PREFIX, HEARTBEAT_PREFIX, PROBE_PREFIX
 from cdc_pipeline.capture.reconcile import watermark_hooks
@@ -83,6 +84,47 @@ class DrainStats:
     @property
     def rate(self) -> float:
         return self.changes / self.seconds if self.seconds else 0.0
+
+
+@dataclass
+class _Txn:
+    """The source transaction being read: its commit position and time, the next change's index in it,
+    its annotation in force (capture/annotations.py), and whether the log already holds it."""
+
+    open: bool = False
+    lsn: int = 0
+    idx: int = 0
+    xid: int = 0
+    ts: datetime | None = None
+    note: str | None = None
+    skipping: bool = False
+
+    def begin(self, lsn: int, xid: int, ts: datetime, skipping: bool) -> None:
+        self.open, self.lsn, self.idx, self.xid, self.ts, self.note, self.skipping = True, lsn, 0, xid, ts, None, skipping
+
+    def at(self) -> tuple[int, int, int, datetime | None, str | None]:
+        """The next row's position and its transaction's facts, as the row builders take them."""
+        return self.lsn, self.idx, self.xid, self.ts, self.note
+
+
+@dataclass
+class _Pass:
+    """What one session's loop carries from message to message."""
+
+    committed: int  # the log holds everything up to here; the server was told so
+    pending_end: int = 0  # end LSN of the last complete transaction not yet committed to the log
+    pending_since: float = 0.0  # when the oldest of them ended
+    pending_changes: int = 0
+    hooked: bool = False  # a hook wrote in this batch: commit at its transaction's end (its row locks go)
+    last_heartbeat: float = 0.0
+    probe: str | None = None
+    changes_since_probe: int = 0
+    idle: bool = False
+    # A time limit may end the run only once the stream has reached the server's position at the start of
+    # this session (the first heartbeat): a transaction longer than the limit to re-read would otherwise
+    # never complete.
+    target: int | None = None
+    caught_up: bool = False
 
 
 class Drain:
@@ -244,138 +286,135 @@ class Drain:
               primary: psycopg.Connection, stats: DrainStats, committed: int, deadline: float | None,
               until_idle: bool) -> None:
         cfg = self.config.drain
-        writer = self.writer
-        in_txn = skipping = idle = False
-        lsn = idx = xid = 0
-        ts: datetime | None = None
-        note: str | None = None  # the transaction's annotation in force (capture/annotations.py)
-        pending_end = 0  # end LSN of the last complete transaction not yet committed to the log
-        pending_since = 0.0
-        pending_changes = 0
-        hooked = False  # a hook wrote in this batch: commit at its transaction's end (its row locks go)
-        last_heartbeat = 0.0
-        probe: str | None = None
-        changes_since_probe = 0
-        # A time limit may end the run only once the stream has reached the server's position at the
-        # start of this session (the first heartbeat): a transaction longer than the limit to re-read
-        # would otherwise never complete.
-        target: int | None = None
-        caught_up = False
-        decode = pgoutput.decode
-
+        run = _Pass(committed=committed)
+        txn = _Txn()
+        pace = CommitPace(cfg.batch_rows, cfg.batch_ms)
         while True:
-            now = time.monotonic()
-            if not in_txn:
-                limit = deadline is not None and now >= deadline and caught_up
-                if self._stop.is_set() or idle or limit:
+            if not txn.open:
+                if self._stop.is_set() or run.idle or (
+                        deadline is not None and time.monotonic() >= deadline and run.caught_up):
                     break
-                if now - last_heartbeat >= cfg.heartbeat_seconds:
-                    at = self._emit(primary, HEARTBEAT_PREFIX, "")
-                    target = at if target is None else target
-                    last_heartbeat = now
-                if until_idle and probe is None:
-                    probe = uuid.uuid4().hex
-                    changes_since_probe = 0
-                    self._emit(primary, PROBE_PREFIX, probe)
+                self._between_transactions(primary, run, until_idle)
             for frame in stream.frames(timeout=min(0.2, cfg.batch_ms / 1000)):
                 if isinstance(frame, Keepalive):
-                    caught_up = caught_up or (target is not None and frame.wal_end >= target)
+                    run.caught_up = run.caught_up or (run.target is not None and frame.wal_end >= run.target)
                     if frame.reply_requested:
-                        stream.send_status(committed)
+                        stream.send_status(run.committed)
                     continue
                 assert isinstance(frame, XLogData)
-                msg = decode(frame.payload)
-                if isinstance(msg, pgoutput.Begin):
-                    in_txn = True
-                    lsn, xid, ts, idx = msg.final_lsn, msg.xid, msg.commit_ts, 0
-                    note = None
-                    skipping = lsn < committed  # the log already holds this transaction
-                elif isinstance(msg, pgoutput.Commit):
-                    in_txn = False
-                    caught_up = caught_up or (target is not None and msg.end_lsn >= target)
-                    if skipping:
-                        stats.skipped_transactions += 1
-                        skipping = False
-                        continue
-                    stats.transactions += 1
-                    if pending_end == 0:
-                        pending_since = time.monotonic()
-                    pending_end = msg.end_lsn
-                    if (pending_changes >= cfg.batch_rows or hooked
-                            or time.monotonic() - pending_since >= cfg.batch_ms / 1000):
-                        committed = self._commit(state, stream, stats, pending_end, ts)
-                        pending_end = pending_changes = 0
-                        hooked = False
-                    break  # back to the outer loop to check stop conditions between transactions
-                elif isinstance(msg, pgoutput.Relation):
-                    # Before the skip: the server sends a relation once per session, so one inside a
-                    # skipped transaction still describes the changes of the transactions after it.
-                    row = self._relation(msg, source, state, not skipping, (lsn, idx, xid, ts, note))
-                    if row is not None:  # a schema change seen by comparison (catalog mode)
-                        writer.add(row, state)
-                        idx += 1
-                        pending_changes += 1
-                elif skipping:
-                    continue
-                elif isinstance(msg, (pgoutput.Insert, pgoutput.Update, pgoutput.Delete)):
-                    writer.add(row_change(self._shapes[msg.relation_id], msg, lsn, idx, xid, ts, note), state)
-                    idx += 1
-                    pending_changes += 1
-                    stats.changes += 1
-                    changes_since_probe += 1
-                elif isinstance(msg, pgoutput.Truncate):
-                    for rid in msg.relation_ids:
-                        writer.add(truncate_row(self._shapes[rid], lsn, idx, xid, ts, note), state)
-                        idx += 1
-                        pending_changes += 1
-                        stats.changes += 1
-                elif isinstance(msg, pgoutput.LogicalMessage):
-                    # The logical-message stream is application input: any prefix, content or size. Only
-                    # our own messages act, and content that cannot be used is skipped and counted.
-                    prefix = msg.prefix
-                    if prefix == PROBE_PREFIX:
-                        if probe is not None and msg.content == probe.encode():
-                            # Idle: nothing new since the probe, and no gap backfill still needs this drain.
-                            idle = changes_since_probe == 0 and not self.gaps.running()
-                            probe = None
-                        elif not _PROBE_SHAPE.fullmatch(msg.content):  # not an earlier drain's probe
-                            self._skip(msg, stats, "not a probe of this pipeline")
-                    elif prefix == annotations.ANNOTATIONS_PREFIX:
-                        if msg.transactional and in_txn:
-                            note = self._annotation(msg, stats) or note  # a refused one changes nothing
-                        else:
-                            self._skip(msg, stats, "not transactional")
-                    elif prefix == DDL_PREFIX:  # schema changes from the source's event trigger
-                        row = self.ddl.row(msg.content, (lsn, idx, xid, ts, note), source, state) \
-                            if msg.transactional and in_txn else "not transactional"
-                        if isinstance(row, str):
-                            self._skip(msg, stats, row)
-                        elif row is not None:
-                            writer.add(row, state)
-                            idx += 1
-                            pending_changes += 1
-                    elif prefix in self.hooks:
-                        writer.flush(state)  # hooks see the log up to this point
-                        taken, logged = self._hook(msg, lsn if in_txn else msg.lsn, idx, state, stats)
-                        hooked = True
-                        idx += taken
-                        stats.changes += logged
-                    elif prefix == HEARTBEAT_PREFIX:
-                        if msg.content:  # ours are empty
-                            self._skip(msg, stats, "not a heartbeat of this pipeline")
-                        else:
-                            stats.heartbeats += 1
-            if not in_txn and pending_end and (
-                pending_changes >= cfg.batch_rows or time.monotonic() - pending_since >= cfg.batch_ms / 1000
-                or idle or self._stop.is_set() or not stream.waiting()  # a quiet stream: commit now
-            ):
-                committed = self._commit(state, stream, stats, pending_end, ts)
-                pending_end = pending_changes = 0
-        if pending_end:
-            committed = self._commit(state, stream, stats, pending_end, ts)
-        stats.committed_lsn = max(stats.committed_lsn, committed)
+                if self._on_message(pgoutput.decode(frame.payload), txn, run, state, source, stats):
+                    break  # a transaction ended: back to check the commit rule and the stop conditions
+            if not txn.open and run.pending_end:
+                urgent = run.hooked or run.idle or self._stop.is_set() or not stream.waiting()
+                if pace.due(run.pending_changes, (time.monotonic() - run.pending_since) * 1000, urgent):
+                    self._commit_pending(state, stream, stats, run, txn.ts, pace)
+        if run.pending_end:
+            self._commit_pending(state, stream, stats, run, txn.ts, pace)
+        stats.committed_lsn = max(stats.committed_lsn, run.committed)
+
+    def _between_transactions(self, primary: psycopg.Connection, run: _Pass, until_idle: bool) -> None:
+        """The heartbeat every heartbeat_seconds (the first one is the position the session must reach
+        before a time limit may end it), and with --until-idle the probe whose return says idle; both
+        written on the primary (the source itself unless it is a standby)."""
+        now = time.monotonic()
+        if now - run.last_heartbeat >= self.config.drain.heartbeat_seconds:
+            at = self._emit(primary, HEARTBEAT_PREFIX, "")
+            run.target = at if run.target is None else run.target
+            run.last_heartbeat = now
+        if until_idle and run.probe is None:
+            run.probe = uuid.uuid4().hex
+            run.changes_since_probe = 0
+            self._emit(primary, PROBE_PREFIX, run.probe)
+
+    def _on_message(self, msg: pgoutput.Message, txn: _Txn, run: _Pass, state: psycopg.Connection,
+                    source: psycopg.Connection, stats: DrainStats) -> bool:
+        """Act on one decoded message; True at the end of a transaction."""
+        if isinstance(msg, pgoutput.Begin):
+            txn.begin(msg.final_lsn, msg.xid, msg.commit_ts, skipping=msg.final_lsn < run.committed)
+        elif isinstance(msg, pgoutput.Commit):
+            txn.open = False
+            run.caught_up = run.caught_up or (run.target is not None and msg.end_lsn >= run.target)
+            if txn.skipping:  # the log already holds this transaction: read on
+                stats.skipped_transactions += 1
+                txn.skipping = False
+                return False
+            stats.transactions += 1
+            if run.pending_end == 0:
+                run.pending_since = time.monotonic()
+            run.pending_end = msg.end_lsn
+            return True
+        elif isinstance(msg, pgoutput.Relation):
+            # Before the skip: the server sends a relation once per session, so one inside a skipped
+            # transaction still describes the changes of the transactions after it.
+            self._log(self._relation(msg, source, state, not txn.skipping, txn.at()), txn, run, state)
+        elif txn.skipping:
+            pass
+        elif isinstance(msg, (pgoutput.Insert, pgoutput.Update, pgoutput.Delete)):
+            self._log(row_change(self._shapes[msg.relation_id], msg, *txn.at()), txn, run, state, stats)
+            run.changes_since_probe += 1
+        elif isinstance(msg, pgoutput.Truncate):
+            for rid in msg.relation_ids:
+                self._log(truncate_row(self._shapes[rid], *txn.at()), txn, run, state, stats)
+        elif isinstance(msg, pgoutput.LogicalMessage):
+            self._on_logical(msg, txn, run, state, source, stats)
+        return False
+
+    def _on_logical(self, msg: pgoutput.LogicalMessage, txn: _Txn, run: _Pass, state: psycopg.Connection,
+                    source: psycopg.Connection, stats: DrainStats) -> None:
+        # The logical-message stream is application input: any prefix, content or size. Only our own
+        # messages act, and content that cannot be used is skipped and counted.
+        prefix = msg.prefix
+        if prefix == PROBE_PREFIX:
+            if run.probe is not None and msg.content == run.probe.encode():
+                # Idle: nothing new since the probe, and no gap backfill still needs this drain.
+                run.idle = run.changes_since_probe == 0 and not self.gaps.running()
+                run.probe = None
+            elif not _PROBE_SHAPE.fullmatch(msg.content):  # not an earlier drain's probe
+                self._skip(msg, stats, "not a probe of this pipeline")
+        elif prefix == annotations.ANNOTATIONS_PREFIX:
+            if msg.transactional and txn.open:
+                txn.note = self._annotation(msg, stats) or txn.note  # a refused one changes nothing
+            else:
+                self._skip(msg, stats, "not transactional")
+        elif prefix == DDL_PREFIX:  # schema changes from the source's event trigger
+            row = self.ddl.row(msg.content, txn.at(), source, state) \
+                if msg.transactional and txn.open else "not transactional"
+            if isinstance(row, str):
+                self._skip(msg, stats, row)
+            else:
+                self._log(row, txn, run, state)
+        elif prefix in self.hooks:
+            self.writer.flush(state)  # hooks see the log up to this point
+            taken, logged = self._hook(msg, txn.lsn if txn.open else msg.lsn, txn.idx, state, stats)
+            run.hooked = True
+            txn.idx += taken
+            stats.changes += logged
+        elif prefix == HEARTBEAT_PREFIX:
+            if msg.content:  # ours are empty
+                self._skip(msg, stats, "not a heartbeat of this pipeline")
+            else:
+                stats.heartbeats += 1
+
+    def _log(self, row: LogRow | None, txn: _Txn, run: _Pass, state: psycopg.Connection,
+             stats: DrainStats | None = None) -> None:
+        """A row into the log at the transaction's next position (`stats`: a change of a table, counted)."""
+        if row is None:
+            return
+        self.writer.add(row, state)
+        txn.idx += 1
+        run.pending_changes += 1
+        if stats is not None:
+            stats.changes += 1
 
     # -- state writes -----------------------------------------------------------------------------
+    def _commit_pending(self, state: psycopg.Connection, stream: ReplicationStream, stats: DrainStats, run: _Pass,
+                        ts: datetime | None, pace: CommitPace) -> None:
+        began = time.monotonic()
+        run.committed = self._commit(state, stream, stats, run.pending_end, ts)
+        pace.committed((time.monotonic() - began) * 1000)
+        run.pending_end = run.pending_changes = 0
+        run.hooked = False
+
     def _commit(self, state: psycopg.Connection, stream: ReplicationStream, stats: DrainStats, end_lsn: int,
                 ts: datetime | None) -> int:
         self.writer.commit(state, end_lsn, ts)
