@@ -21,7 +21,6 @@ import logging
 import re
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -31,6 +30,7 @@ from psycopg import sql
 
 from cdc_pipeline.admin import ddl_capture
 from cdc_pipeline.capture import annotations, failover, faults, gap
+from cdc_pipeline.capture.assembly import Pending, Pulse, Txn
 from cdc_pipeline.capture.changes import LogRow, RelationShape, row_change, truncate_row
 from cdc_pipeline.capture.logwriter import LogWriter
 from cdc_pipeline.capture.prefixes import DDL_PREFIX, HEARTBEAT_PREFIX, PROBE_PREFIX
@@ -83,6 +83,23 @@ class DrainStats:
     @property
     def rate(self) -> float:
         return self.changes / self.seconds if self.seconds else 0.0
+
+
+_ROW_CHANGES = (pgoutput.Insert, pgoutput.Update, pgoutput.Delete)
+
+
+@dataclass
+class _Read:
+    """One replication session's reading state (Drain._loop and its steps)."""
+
+    stream: ReplicationStream
+    state: psycopg.Connection  # the change log's connection, its transaction open between commits
+    source: psycopg.Connection  # catalog reads (heartbeats and probes go to the primary)
+    stats: DrainStats
+    committed: int  # the end LSN the log holds, reported to the slot
+    pending: Pending
+    pulse: Pulse
+    txn: Txn = field(default_factory=Txn)
 
 
 class Drain:
@@ -244,147 +261,129 @@ class Drain:
               primary: psycopg.Connection, stats: DrainStats, committed: int, deadline: float | None,
               until_idle: bool) -> None:
         cfg = self.config.drain
-        writer = self.writer
-        in_txn = skipping = idle = False
-        lsn = idx = xid = 0
-        ts: datetime | None = None
-        note: str | None = None  # the transaction's annotation in force (capture/annotations.py)
-        pending_end = 0  # end LSN of the last complete transaction not yet committed to the log
-        pending_since = 0.0
-        pending_changes = 0
-        hooked = False  # a hook wrote in this batch: commit at its transaction's end (its row locks go)
-        last_heartbeat = 0.0
-        probe: str | None = None
-        changes_since_probe = 0
-        # A time limit may end the run only once the stream has reached the server's position at the
-        # start of this session (the first heartbeat): a transaction longer than the limit to re-read
-        # would otherwise never complete.
-        target: int | None = None
-        caught_up = False
-        decode = pgoutput.decode
-
+        r = _Read(stream, state, source, stats, committed, Pending(cfg.batch_rows, cfg.batch_ms),
+                  Pulse(cfg.heartbeat_seconds, until_idle))
+        txn, pulse, pending = r.txn, r.pulse, r.pending
+        writer, shapes, decode = self.writer, self._shapes, pgoutput.decode
+        timeout = min(0.2, cfg.batch_ms / 1000)
         while True:
-            now = time.monotonic()
-            if not in_txn:
-                limit = deadline is not None and now >= deadline and caught_up
-                if self._stop.is_set() or idle or limit:
+            if not txn.open:  # between transactions: the stop conditions, the heartbeat and the probe
+                limit = deadline is not None and time.monotonic() >= deadline and pulse.caught_up
+                if self._stop.is_set() or pulse.idle or limit:
                     break
-                if now - last_heartbeat >= cfg.heartbeat_seconds:
-                    at = self._emit(primary, HEARTBEAT_PREFIX, "")
-                    target = at if target is None else target
-                    last_heartbeat = now
-                if until_idle and probe is None:
-                    probe = uuid.uuid4().hex
-                    changes_since_probe = 0
-                    self._emit(primary, PROBE_PREFIX, probe)
-            for frame in stream.frames(timeout=min(0.2, cfg.batch_ms / 1000)):
+                pulse.tick(lambda prefix, content: self._emit(primary, prefix, content))
+            for frame in stream.frames(timeout=timeout):
                 if isinstance(frame, Keepalive):
-                    caught_up = caught_up or (target is not None and frame.wal_end >= target)
+                    pulse.reached(frame.wal_end)
                     if frame.reply_requested:
-                        stream.send_status(committed)
+                        stream.send_status(r.committed)
                     continue
                 assert isinstance(frame, XLogData)
                 msg = decode(frame.payload)
-                if isinstance(msg, pgoutput.Begin):
-                    in_txn = True
-                    lsn, xid, ts, idx = msg.final_lsn, msg.xid, msg.commit_ts, 0
-                    note = None
-                    skipping = lsn < committed  # the log already holds this transaction
-                elif isinstance(msg, pgoutput.Commit):
-                    in_txn = False
-                    caught_up = caught_up or (target is not None and msg.end_lsn >= target)
-                    if skipping:
-                        stats.skipped_transactions += 1
-                        skipping = False
-                        continue
-                    stats.transactions += 1
-                    if pending_end == 0:
-                        pending_since = time.monotonic()
-                    pending_end = msg.end_lsn
-                    if (pending_changes >= cfg.batch_rows or hooked
-                            or time.monotonic() - pending_since >= cfg.batch_ms / 1000):
-                        committed = self._commit(state, stream, stats, pending_end, ts)
-                        pending_end = pending_changes = 0
-                        hooked = False
-                    break  # back to the outer loop to check stop conditions between transactions
-                elif isinstance(msg, pgoutput.Relation):
-                    # Before the skip: the server sends a relation once per session, so one inside a
-                    # skipped transaction still describes the changes of the transactions after it.
-                    row = self._relation(msg, source, state, not skipping, (lsn, idx, xid, ts, note))
-                    if row is not None:  # a schema change seen by comparison (catalog mode)
-                        writer.add(row, state)
-                        idx += 1
-                        pending_changes += 1
-                elif skipping:
-                    continue
-                elif isinstance(msg, (pgoutput.Insert, pgoutput.Update, pgoutput.Delete)):
-                    writer.add(row_change(self._shapes[msg.relation_id], msg, lsn, idx, xid, ts, note), state)
-                    idx += 1
-                    pending_changes += 1
+                if isinstance(msg, _ROW_CHANGES) and not txn.skipping:  # the hot path, inline
+                    writer.add(row_change(shapes[msg.relation_id], msg, txn.lsn, txn.idx, txn.xid, txn.ts, txn.note),
+                               state)
+                    txn.idx += 1
+                    pending.changes += 1
+                    pulse.changes += 1
                     stats.changes += 1
-                    changes_since_probe += 1
-                elif isinstance(msg, pgoutput.Truncate):
-                    for rid in msg.relation_ids:
-                        writer.add(truncate_row(self._shapes[rid], lsn, idx, xid, ts, note), state)
-                        idx += 1
-                        pending_changes += 1
-                        stats.changes += 1
-                elif isinstance(msg, pgoutput.LogicalMessage):
-                    # The logical-message stream is application input: any prefix, content or size. Only
-                    # our own messages act, and content that cannot be used is skipped and counted.
-                    prefix = msg.prefix
-                    if prefix == PROBE_PREFIX:
-                        if probe is not None and msg.content == probe.encode():
-                            # Idle: nothing new since the probe, and no gap backfill still needs this drain.
-                            idle = changes_since_probe == 0 and not self.gaps.running()
-                            probe = None
-                        elif not _PROBE_SHAPE.fullmatch(msg.content):  # not an earlier drain's probe
-                            self._skip(msg, stats, "not a probe of this pipeline")
-                    elif prefix == annotations.ANNOTATIONS_PREFIX:
-                        if msg.transactional and in_txn:
-                            note = self._annotation(msg, stats) or note  # a refused one changes nothing
-                        else:
-                            self._skip(msg, stats, "not transactional")
-                    elif prefix == DDL_PREFIX:  # schema changes from the source's event trigger
-                        row = self.ddl.row(msg.content, (lsn, idx, xid, ts, note), source, state) \
-                            if msg.transactional and in_txn else "not transactional"
-                        if isinstance(row, str):
-                            self._skip(msg, stats, row)
-                        elif row is not None:
-                            writer.add(row, state)
-                            idx += 1
-                            pending_changes += 1
-                    elif prefix in self.hooks:
-                        writer.flush(state)  # hooks see the log up to this point
-                        taken, logged = self._hook(msg, lsn if in_txn else msg.lsn, idx, state, stats)
-                        hooked = True
-                        idx += taken
-                        stats.changes += logged
-                    elif prefix == HEARTBEAT_PREFIX:
-                        if msg.content:  # ours are empty
-                            self._skip(msg, stats, "not a heartbeat of this pipeline")
-                        else:
-                            stats.heartbeats += 1
-            if not in_txn and pending_end and (
-                pending_changes >= cfg.batch_rows or time.monotonic() - pending_since >= cfg.batch_ms / 1000
-                or idle or self._stop.is_set() or not stream.waiting()  # a quiet stream: commit now
-            ):
-                committed = self._commit(state, stream, stats, pending_end, ts)
-                pending_end = pending_changes = 0
-        if pending_end:
-            committed = self._commit(state, stream, stats, pending_end, ts)
-        stats.committed_lsn = max(stats.committed_lsn, committed)
+                elif self._dispatch(msg, r):
+                    break  # a transaction ended: back to the stop conditions between transactions
+            if not txn.open and pending.end and (pending.due() or pulse.idle or self._stop.is_set()
+                                                 or not stream.waiting()):  # a quiet stream: commit now
+                self._commit(r)
+        if pending.end:
+            self._commit(r)
+        stats.committed_lsn = max(stats.committed_lsn, r.committed)
+
+    def _dispatch(self, msg: pgoutput.Message, r: _Read) -> bool:
+        """Every message but a row change of a transaction being logged (the loop's hot path). True: a
+        transaction ended."""
+        txn = r.txn
+        if isinstance(msg, pgoutput.Begin):
+            txn.begin(msg, r.committed)
+        elif isinstance(msg, pgoutput.Commit):
+            return self._end(msg, r)
+        elif isinstance(msg, pgoutput.Relation):
+            # Before the skip: the server sends a relation once per session, so one inside a skipped
+            # transaction still describes the changes of the transactions after it.
+            self._add(self._relation(msg, r.source, r.state, not txn.skipping, txn.at()), r)  # catalog mode
+        elif txn.skipping:
+            pass
+        elif isinstance(msg, pgoutput.Truncate):
+            for rid in msg.relation_ids:
+                self._add(truncate_row(self._shapes[rid], *txn.at()), r)
+                r.stats.changes += 1
+        elif isinstance(msg, pgoutput.LogicalMessage):
+            self._logical(msg, r)
+        return False
+
+    def _end(self, msg: pgoutput.Commit, r: _Read) -> bool:
+        """A COMMIT: the transaction joins what is pending, committed to the log once that is due."""
+        r.txn.open = False
+        r.pulse.reached(msg.end_lsn)
+        if r.txn.skipping:
+            r.stats.skipped_transactions += 1
+            r.txn.skipping = False
+            return False
+        r.stats.transactions += 1
+        r.pending.close(msg.end_lsn)
+        if r.pending.due():
+            self._commit(r)
+        return True
+
+    def _logical(self, msg: pgoutput.LogicalMessage, r: _Read) -> None:
+        """The logical-message stream is application input: any prefix, content or size. Only our own
+        messages act, and content that cannot be used is skipped and counted."""
+        prefix, txn, stats = msg.prefix, r.txn, r.stats
+        if prefix == PROBE_PREFIX:
+            quiet = r.pulse.answered(msg.content)
+            if quiet is not None:  # idle: nothing new since the probe, and no gap backfill needs this drain
+                r.pulse.idle = quiet and not self.gaps.running()
+            elif not _PROBE_SHAPE.fullmatch(msg.content):  # not an earlier drain's probe
+                self._skip(msg, stats, "not a probe of this pipeline")
+        elif prefix == annotations.ANNOTATIONS_PREFIX:
+            if msg.transactional and txn.open:
+                txn.note = self._annotation(msg, stats) or txn.note  # a refused one changes nothing
+            else:
+                self._skip(msg, stats, "not transactional")
+        elif prefix == DDL_PREFIX:  # schema changes from the source's event trigger
+            row = self.ddl.row(msg.content, txn.at(), r.source, r.state) \
+                if msg.transactional and txn.open else "not transactional"
+            if isinstance(row, str):
+                self._skip(msg, stats, row)
+            else:
+                self._add(row, r)
+        elif prefix in self.hooks:
+            self.writer.flush(r.state)  # hooks see the log up to this point
+            taken, logged = self._hook(msg, txn.lsn if txn.open else msg.lsn, txn.idx, r.state, stats)
+            r.pending.hooked = True  # commit at its transaction's end: its row locks go
+            txn.idx += taken
+            stats.changes += logged
+        elif prefix == HEARTBEAT_PREFIX:
+            if msg.content:  # ours are empty
+                self._skip(msg, stats, "not a heartbeat of this pipeline")
+            else:
+                stats.heartbeats += 1
+
+    def _add(self, row: LogRow | None, r: _Read) -> None:
+        """A log row of the transaction being read (a schema change's, a truncate's), at its next position."""
+        if row is not None:
+            self.writer.add(row, r.state)
+            r.txn.idx += 1
+            r.pending.changes += 1
 
     # -- state writes -----------------------------------------------------------------------------
-    def _commit(self, state: psycopg.Connection, stream: ReplicationStream, stats: DrainStats, end_lsn: int,
-                ts: datetime | None) -> int:
-        self.writer.commit(state, end_lsn, ts)
-        stats.committed_lsn = end_lsn
+    def _commit(self, r: _Read) -> None:
+        """What is pending into the log, committed; only then is its end reported to the slot as flushed."""
+        end_lsn = r.pending.end
+        self.writer.commit(r.state, end_lsn, r.txn.ts)
+        r.stats.committed_lsn = r.committed = end_lsn
+        r.pending.clear()
         # Only now may the server forget these transactions.
-        stream.send_status(end_lsn)
+        r.stream.send_status(end_lsn)
         if self.ddl.rereads and self._source is not None:  # rows a schema change rewrote unseen: read again
-            self.ddl.start_rereads(self.config, self._source, state, self.gaps, end_lsn)
-        return end_lsn
+            self.ddl.start_rereads(self.config, self._source, r.state, self.gaps, end_lsn)
 
     def _relation(self, rel: pgoutput.Relation, source: psycopg.Connection, state: psycopg.Connection,
                   write: bool, at: tuple[int, int, int, datetime | None, str | None]) -> LogRow | None:
