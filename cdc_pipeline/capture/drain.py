@@ -291,9 +291,9 @@ class Drain:
                     break  # a transaction ended: back to the stop conditions between transactions
             if not txn.open and pending.end and (pending.due() or pulse.idle or self._stop.is_set()
                                                  or not stream.waiting()):  # a quiet stream: commit now
-                self._commit(r)
+                self._flush(r)
         if pending.end:
-            self._commit(r)
+            self._flush(r)
         stats.committed_lsn = max(stats.committed_lsn, r.committed)
 
     def _dispatch(self, msg: pgoutput.Message, r: _Read) -> bool:
@@ -329,7 +329,7 @@ class Drain:
         r.stats.transactions += 1
         r.pending.close(msg.end_lsn)
         if r.pending.due():
-            self._commit(r)
+            self._flush(r)
         return True
 
     def _logical(self, msg: pgoutput.LogicalMessage, r: _Read) -> None:
@@ -374,16 +374,20 @@ class Drain:
             r.pending.changes += 1
 
     # -- state writes -----------------------------------------------------------------------------
-    def _commit(self, r: _Read) -> None:
-        """What is pending into the log, committed; only then is its end reported to the slot as flushed."""
-        end_lsn = r.pending.end
-        self.writer.commit(r.state, end_lsn, r.txn.ts)
-        r.stats.committed_lsn = r.committed = end_lsn
+    def _flush(self, r: _Read) -> None:
+        """What is pending, committed to the log (_commit)."""
+        r.committed = self._commit(r.state, r.stream, r.stats, r.pending.end, r.txn.ts)
         r.pending.clear()
+
+    def _commit(self, state: psycopg.Connection, stream: ReplicationStream, stats: DrainStats, end_lsn: int,
+                ts: datetime | None) -> int:
+        self.writer.commit(state, end_lsn, ts)
+        stats.committed_lsn = end_lsn
         # Only now may the server forget these transactions.
-        r.stream.send_status(end_lsn)
+        stream.send_status(end_lsn)
         if self.ddl.rereads and self._source is not None:  # rows a schema change rewrote unseen: read again
-            self.ddl.start_rereads(self.config, self._source, r.state, self.gaps, end_lsn)
+            self.ddl.start_rereads(self.config, self._source, state, self.gaps, end_lsn)
+        return end_lsn
 
     def _relation(self, rel: pgoutput.Relation, source: psycopg.Connection, state: psycopg.Connection,
                   write: bool, at: tuple[int, int, int, datetime | None, str | None]) -> LogRow | None:
