@@ -24,7 +24,8 @@ from cdc_pipeline.config import ConfigError, PipelineConfig, redact
 from cdc_pipeline.config.base import qualify
 from cdc_pipeline.core.lanes import lane_name, lane_of, parking_group, position_key
 from cdc_pipeline.core.positions import START, Position
-from cdc_pipeline.delivery.engine import Deliverer, messages_from, send_lock
+from cdc_pipeline.delivery.engine import Deliverer, send_lock
+from cdc_pipeline.delivery.parking import messages_from
 from cdc_pipeline.delivery.plan import SinkPlan
 from cdc_pipeline.delivery.schedule.order import position_of
 from cdc_pipeline.postgres import session
