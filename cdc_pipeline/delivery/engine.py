@@ -20,9 +20,9 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING
 
@@ -30,13 +30,12 @@ import psycopg
 
 from cdc_pipeline.backfill.typed import takes_typed
 from cdc_pipeline.config import PipelineConfig, SinkConfig
-from cdc_pipeline.core.backoff import next_delay_ms
 from cdc_pipeline.delivery import backlog
 from cdc_pipeline.delivery.enrichment import Enricher
 from cdc_pipeline.delivery.lane_keeper import LaneKeeper, LockStillHeld, SinkBusy, send_lock
 from cdc_pipeline.delivery.lazy_spark import LazySpark
 from cdc_pipeline.delivery.offset import OffsetKeeper
-from cdc_pipeline.delivery.outage import Liveness, transient
+from cdc_pipeline.delivery.outage import Liveness, ride_through
 from cdc_pipeline.delivery.parking import RETRY_CHUNK, ParkingLot
 from cdc_pipeline.delivery.plan import SinkPlan
 from cdc_pipeline.delivery.reader import Blocks, Reader, Staged
@@ -47,6 +46,7 @@ from cdc_pipeline.delivery.schedule.settle import Settler
 from cdc_pipeline.delivery.schedule.window import CallWindow
 from cdc_pipeline.delivery.staging import Stager
 from cdc_pipeline.delivery.stats import DeliveryStats
+from cdc_pipeline.delivery.turn import SendTurn
 from cdc_pipeline.postgres import session
 from cdc_pipeline.postgres.catalog import TableInfo
 from cdc_pipeline.sinks import build_sink
@@ -62,7 +62,6 @@ __all__ = ["Deliverer", "DeliveryStats", "SinkBusy", "send_lock"]
 
 log = logging.getLogger(__name__)
 
-TURN_WAIT_SECONDS = 1.0  # a send waiting for a replay looks at its stop event this often
 # A window of several calls is let drain this often, so parked retries, a replay's turn, a change of lanes
 # and the run's time limit get in between sends (a window of one call drains after every call).
 HOUSEKEEPING_SECONDS = 1.0
@@ -78,6 +77,7 @@ class _Pass:
 
     conn: psycopg.Connection  # the state connection: offsets, parking, the send lock
     blocks: Blocks  # the log read ahead (reader.py)
+    turn: SendTurn  # the send lock, held while calls are out (turn.py)
     watch: notify.LogWatch | notify.Sleep  # woken when the drain commits new rows
     window: CallWindow
     stats: DeliveryStats
@@ -87,7 +87,6 @@ class _Pass:
     offset: Position  # settled
     backlog_due: float
     calls: deque[Call] = field(default_factory=deque)  # cut from the loaded block, not handed to the window yet
-    turn: bool = False  # the send lock is held while calls are outstanding (_turn)
     idle: bool = False
     settle_due: float = 0.0  # a wider window settles what is done this often
 
@@ -145,41 +144,11 @@ class Deliverer:
         stats = DeliveryStats(self.lane.name)
         self.stats = stats  # read live by the metrics and /readyz (ops/)
         started = time.monotonic()
-        deadline = started + seconds if seconds is not None else None
         cfg = self.config.delivery
-        attempt = 0
-        sessions = 0
-        try:
-            while not self._stop.is_set():
-                before = (stats.delivered, stats.parked, stats.retried)
-                try:
-                    sessions += 1
-                    self._session(stats, started, until_idle, seconds, first=sessions == 1)
-                    break
-                except Exception as caught:
-                    # A state database error that came through the sink's code is the state database's.
-                    exc = caught.__cause__ if isinstance(caught, StateError) and caught.__cause__ else caught
-                    if until_idle or self.dry_run or not (transient(exc) or isinstance(exc, LockStillHeld)):
-                        if exc is caught:
-                            raise
-                        raise exc from None
-                    progressed = (stats.delivered, stats.parked, stats.retried) != before
-                    attempt = 1 if progressed else attempt + 1
-                    delay = next_delay_ms(attempt, cfg.retry_initial_ms, cfg.retry_max_ms) / 1000
-                    cause = " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
-                    stats.outage_retries += 1
-                    stats.waiting = cause
-                    what = "the state database" if isinstance(exc, psycopg.Error) else "the destination"
-                    log.warning("deliver: sink %s: waiting for %s: %s; retry %d in %.1f s", self.lane.name,
-                                what, cause, attempt, delay)
-                    self.offsets.record_waiting(cause)
-                    if deadline is not None and time.monotonic() + delay >= deadline:
-                        break  # a time-limited run ends waiting; the next one starts over
-                    if self._stop.wait(delay):
-                        break
-        finally:
-            if stats.outage_retries:
-                self.offsets.record_waiting(None)
+        ride_through(lambda first: self._session(stats, started, until_idle, seconds, first), stats, self.lane.name,
+                     (cfg.retry_initial_ms, cfg.retry_max_ms), self._stop,
+                     deadline=started + seconds if seconds is not None else None, one_off=until_idle or self.dry_run,
+                     record=self.offsets.record_waiting, also=(LockStillHeld,))
         stats.seconds = time.monotonic() - started
         return stats
 
@@ -239,8 +208,9 @@ class Deliverer:
         with session.connect(self.config.state_dsn) as loader, ThreadPoolExecutor(1) as pool, \
                 notify.watching(self.config.state_dsn, self.config.state.schema_name, self._stop, not until_idle,
                                 f"cdc-pipeline deliver {self.lane.name} (listen)") as watch:
-            run = _Pass(conn, Blocks(self.reader, loader, pool, offset), watch, window, stats, started, until_idle,
-                        seconds, offset, backlog_due=time.monotonic() + backlog.CHECK_SECONDS)
+            turn = SendTurn(conn, self.lane.send_lock, self.lane.name, self._stop, locking=not self.dry_run)
+            run = _Pass(conn, Blocks(self.reader, loader, pool, offset), turn, watch, window, stats, started,
+                        until_idle, seconds, offset, backlog_due=time.monotonic() + backlog.CHECK_SECONDS)
             try:
                 while not self._stop.is_set():
                     if not len(window) and not self._between_windows(run):
@@ -258,17 +228,14 @@ class Deliverer:
             finally:
                 window.close()
                 run.blocks.close()
-                if run.turn:
-                    with suppress(psycopg.Error):  # an error on the way here is the one to report
-                        self._give_turn(conn)
+                with suppress(psycopg.Error):  # an error on the way here is the one to report
+                    run.turn.give()
         return run.offset
 
     def _between_windows(self, run: _Pass) -> bool:
         """What may not happen while calls are out: the send lock let go (a replay's turn), the run's time
         limit, the backlog rule, a change of lanes, the parked messages due; False: stop."""
-        if run.turn:
-            self._give_turn(run.conn)
-            run.turn = False
+        run.turn.give()
         if run.seconds is not None and time.monotonic() - run.started >= run.seconds:
             return False
         if self.config.state.max_backlog_hours is not None and time.monotonic() >= run.backlog_due \
@@ -278,7 +245,7 @@ class Deliverer:
             return True
         if self.lane.superseded(run.conn):  # another process changes the sink's lanes
             return False
-        with self._turn(run.conn) as got:
+        with run.turn.around() as got:
             if got:
                 self.parking.retry_due(run.conn, run.stats)
         if not got:
@@ -338,10 +305,7 @@ class Deliverer:
         loaded message by message (a fallback) to send as calls."""
         while len(run.window):
             run.settle(self.settler, block=True)
-        if run.turn:
-            self._give_turn(run.conn)
-            run.turn = False
-        with self._turn(run.conn) as got:
+        with run.turn.around() as got:
             if got:
                 run.offset, fallback = run.blocks.relayed(run.conn, staged, run.stats)
         if not got:
@@ -355,10 +319,8 @@ class Deliverer:
         if not window.room(run.calls[0]):
             run.offset = self.settler.settle(run.conn, run.stats, window, window.make_room(run.calls[0]), run.offset)
             return AGAIN
-        if not run.turn:
-            if not self._take_turn(run.conn):
-                return STOP
-            run.turn = True
+        if not run.turn.take():
+            return STOP
         window.submit(run.calls.popleft())
         if window.width == 1 or time.monotonic() >= run.settle_due:  # a state commit per call would be the limit
             run.settle(self.settler, block=False)
@@ -367,42 +329,6 @@ class Deliverer:
             while len(window):  # let retries, a replay's turn and a change of lanes in
                 run.settle(self.settler, block=True)
         return AGAIN
-
-    def _take_turn(self, conn: psycopg.Connection) -> bool:
-        """The sink's send lock: a replay holds it for its whole run (delivery/replay.py), so its old versions
-        never land between live ones. False: stopped while a replay held it."""
-        if self.dry_run:
-            return True
-        waited = False
-        while not session.wait_lock(conn, self.lane.send_lock, TURN_WAIT_SECONDS):
-            if self._stop.is_set():
-                return False
-            if not waited:
-                log.info("sink %s: waiting for a replay of this sink to finish", self.lane.name)
-                waited = True
-        return True
-
-    def _give_turn(self, conn: psycopg.Connection) -> None:
-        if self.dry_run:
-            return
-        if conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
-            conn.rollback()
-        session.unlock(conn, self.lane.send_lock)
-        conn.commit()
-
-    @contextmanager
-    def _turn(self, conn: psycopg.Connection) -> Iterator[bool]:
-        """The send lock around one send (_take_turn). False: stopped while a replay held it."""
-        if not self._take_turn(conn):
-            yield False
-            return
-        try:
-            yield True
-        except BaseException:
-            with suppress(psycopg.Error):  # the send's own error is the one to report
-                self._give_turn(conn)
-            raise
-        self._give_turn(conn)
 
     def _dry_run(self, calls: deque[Call], stats: DeliveryStats) -> Position | None:
         """Print the calls' messages instead of sending them; nothing is settled. The last position printed."""

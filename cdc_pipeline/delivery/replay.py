@@ -105,7 +105,7 @@ def replay(config: PipelineConfig, sink_name: str, start: datetime, end: datetim
         assert target is not None
         target.open()
         try:
-            # Live delivery of the sink sends nothing until the replay is done (engine.Deliverer._turn), so
+            # Live delivery of the sink sends nothing until the replay is done (delivery/turn.py), so
             # the offsets read now stay put and no live send lands between the replay's. A sink with lanes
             # (core/lanes.py) is replayed lane by lane, each up to its own offset.
             split, generation, _ = SinkLanes(config.state.schema_name).split(conn, sink_name)
