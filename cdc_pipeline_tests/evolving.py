@@ -14,7 +14,20 @@ from typing import Any
 
 import psycopg
 
+from cdc_pipeline.admin.status import collect
+from cdc_pipeline.config import PipelineConfig
+from cdc_pipeline_tests.helpers import assert_mirrored, mirror_config
 from cdc_pipeline_tests.processes import CLI
+
+
+def mirror_and_append(source_dsn: str, dest_dsn: str, table: str, append_table: str,
+                      batch_size: int = 500) -> dict[str, Any]:
+    """A config with a mirror (`mirror.<table>`) and an append sink `app` (``append_table``) of one table."""
+    data = mirror_config(source_dsn, dest_dsn, [table])
+    data["delivery"] = {"idle_seconds": 0.05, "batch_size": batch_size}
+    data["sinks"].append({"name": "app", "tables": [table], "destination": {
+        "type": "postgres", "dsn": dest_dsn, "table": append_table, "mode": "append"}})
+    return data
 
 
 @contextmanager
@@ -123,3 +136,18 @@ def source_records(dsn: str, table: str) -> list[dict[str, Any]]:
     """The source's rows as records (to_jsonb, as the pipeline makes them)."""
     with psycopg.connect(dsn) as conn:
         return [r[0] for r in conn.execute(f"SELECT to_jsonb(t) FROM {table} t").fetchall()]  # noqa: S608
+
+
+def caught_up(config: PipelineConfig, source_dsn: str, dest_dsn: str, table: str, order: str) -> bool:
+    """`mirror_and_append`'s sinks have everything: the mirror equal to the source first (their lags count
+    only what the drain has logged so far, not the changes it has yet to read), both lags 0, and no
+    backfill active (a re-read the drain started)."""
+    try:
+        assert_mirrored(source_dsn, table, dest_dsn, f"mirror.{table.partition('.')[2]}", order=order)
+    except (AssertionError, psycopg.Error):
+        return False
+    lags = [collect(config)["sinks"][s]["lag_messages"] for s in ("mirror", "app")]
+    with psycopg.connect(source_dsn) as conn:
+        active = conn.execute(f"SELECT count(*) FROM {config.state.schema_name}.backfills "  # noqa: S608
+                              "WHERE status IN ('running', 'paused')").fetchone()
+    return lags == [0, 0] and active == (0,)

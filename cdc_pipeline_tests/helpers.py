@@ -54,7 +54,7 @@ def backfill_page(config: PipelineConfig, table: str, limit: int) -> Iterator[Op
     with session.connect(config.source.dsn, autocommit=True) as src, \
             session.connect(config.state_dsn, autocommit=True) as state:
         src.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
-        shape = table_shape(src, spec)
+        shape = table_shape(src, spec, config.source.publication)
         bid, _ = store.claim(state, spec, shape.primary_key, shape.keyset, "test", None)
         key = store.mac_key(state, bid)
         emit(src, Watermark(bid, 0, "low"), key)

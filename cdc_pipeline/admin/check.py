@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import psycopg
 
-from cdc_pipeline.admin import ddl_capture, partitioned
+from cdc_pipeline.admin import ddl_capture, generated, partitioned
 from cdc_pipeline.admin.server_checks import server_findings
 from cdc_pipeline.config import PipelineConfig, TableConfig, redact
 from cdc_pipeline.core.findings import Finding
@@ -54,6 +54,7 @@ def check(config: PipelineConfig, sinks: bool = True) -> list[Finding]:
                                    f"fail: GRANT SELECT ON {t.qualified} TO <user>"))
         out += _publication_findings(conn, config, owned)
         out += partitioned.findings(conn, config)
+        out += generated.findings(conn, config)
         out += ddl_capture.findings(conn, config)
         slot = catalog.slot_info(conn, config.source.slot)
         if slot is None:

@@ -38,7 +38,7 @@ def findings(conn: psycopg.Connection, config: PipelineConfig) -> list[Finding]:
 
 
 # The publication setup creates: a partition's change arrives under its root's name (harmless for others).
-CREATE_OPTIONS = sql.SQL(" WITH (publish_via_partition_root = true)")
+CREATE_OPTION = sql.SQL("publish_via_partition_root = true")
 
 
 def bring_to_root(conn: psycopg.Connection, config: PipelineConfig) -> list[str]:

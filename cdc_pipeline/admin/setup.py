@@ -6,7 +6,7 @@ from __future__ import annotations
 import psycopg
 from psycopg import sql
 
-from cdc_pipeline.admin import ddl_capture, partitioned
+from cdc_pipeline.admin import ddl_capture, generated, partitioned
 from cdc_pipeline.admin.check import check
 from cdc_pipeline.config import PipelineConfig, redact
 from cdc_pipeline.postgres import catalog, session, slots, standby
@@ -45,11 +45,13 @@ def setup(config: PipelineConfig) -> list[str]:
         if not tables:
             pass  # API sync only: nothing to capture, so no publication and no slot holding WAL
         elif published is None:
-            conn.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE {}{}").format(
-                sql.Identifier(pub), sql.SQL(", ").join(tables), partitioned.CREATE_OPTIONS))
+            conn.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE {} WITH ({})").format(
+                sql.Identifier(pub), sql.SQL(", ").join(tables),
+                sql.SQL(", ").join([partitioned.CREATE_OPTION, *generated.create_options(conn)])))
             done.append(f"created publication {pub} for {len(tables)} table(s)")
         else:
             done += partitioned.bring_to_root(conn, config)  # first: until then a parent lists as its leaves
+            done += generated.bring_to_stored(conn, config)
             published = catalog.publication_tables(conn, pub) or set()
             missing = [sql.Identifier(t.schema_name, t.table_name) for t in config.tables
                        if t.qualified not in published]

@@ -135,7 +135,7 @@ class Backfiller:
                 if primary_dsn else None
             src.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
             state = session.connect(self.config.state_dsn, autocommit=True, application_name=APP_NAME)
-            shape = table_shape(src, self.spec)
+            shape = table_shape(src, self.spec, self.config.source.publication)
             reader = PageReader(self.config.state.schema_name, self.spec, shape, self.same_db, self.max_query_ms)
             warnings = []
             if not shape.sort_indexed and self.progress is None:
@@ -153,7 +153,7 @@ class Backfiller:
                     self.flow.pages.set_estimate(state, backfill_id, reader.estimate(src))
             elif not self._retake(state, progress, started):
                 return progress  # finished while the session was lost
-            reader = replace(reader, typed=self._typed_shape(src, state, progress.backfill_id))
+            reader = replace(reader, typed=self._typed_shape(src, state, progress.backfill_id, shape.generated))
             try:
                 self._run(src, state, reader, progress, started)
             except BaseException as exc:
@@ -216,13 +216,13 @@ class Backfiller:
                 time.sleep(1.0)
                 waited += 1.0
 
-    def _typed_shape(self, src: psycopg.Connection, state: psycopg.Connection, backfill_id: str
-                     ) -> tuple[tuple[str, str], ...] | None:
+    def _typed_shape(self, src: psycopg.Connection, state: psycopg.Connection, backfill_id: str,
+                     left_out: tuple[str, ...]) -> tuple[tuple[str, str], ...] | None:
         """The backfill's typed shape when it reads typed rows (backfill/typed.py); a resumed backfill
         keeps the shape it started with (pages of another shape are read as JSON)."""
         if not wanted(self.config, self.spec.sinks):
             return None
-        columns = typed_columns(src, self.spec.schema_name, self.spec.table_name)
+        columns = typed_columns(src, self.spec.schema_name, self.spec.table_name, left_out)
         if columns is None:
             return None
         schema = self.config.state.schema_name

@@ -102,6 +102,8 @@ def describe_backfill(info: BackfillInfo, drain_warning: str = "") -> str:
         text = (f"{head}; {info.pages} pages checkpointed, {info.rows_read} rows read, {info.rows_dropped} dropped "
                 f"as stale, {info.pages_staged} pages in flight; cursor {info.cursor}; checkpoint at "
                 f"{info.checkpoint_at:%Y-%m-%d %H:%M:%S}")
+    if info.origin and info.origin.startswith("drain "):  # registered by the drain: say why (a gap, a rewrite)
+        text += f"; for the {info.origin}"
     links = dagster_links(info.origin)
     if links["dagster_run_id"]:
         text += f"; dagster run {links['dagster_run_id']}" + (

@@ -28,7 +28,7 @@ from cdc_pipeline.postgres.keyset import count_query, page_query
 from cdc_pipeline.postgres.pgtypeinfo import TextRule
 from cdc_pipeline.state.backfill_pages import PageStore
 from cdc_pipeline.state.backfills import BackfillSpec
-from cdc_pipeline.state.relations import column_record, upsert_relation
+from cdc_pipeline.state.relations import column_record, generated_records, upsert_relation
 from cdc_pipeline.state.typed_rows import Columns
 
 COPY_BLOCK = 1 << 20
@@ -113,7 +113,7 @@ def page_sql(conn: psycopg.Connection, shape: TableShape, backfill_id: str, page
         record = texts = sql.SQL("NULL::jsonb")
         tup = sql.SQL("ROW({})::text").format(
             sql.SQL(", ").join(sql.SQL("p.{}").format(sql.Identifier(escape_percent(c))) for c, _ in typed))
-    elif shape.generated and not shape.json_columns:  # pgoutput does not send generated columns; nor do reads
+    elif shape.generated and not shape.json_columns:  # left out as the stream leaves them out
         record = sql.SQL("({} - %s::text[])").format(record)
         params.append(list(shape.generated))
     # Typed as the staging table's columns: binary COPY carries values in their own types' formats.
@@ -187,7 +187,7 @@ class PageReader:
             return None
         src.execute(sql.SQL("LOCK TABLE {} IN ACCESS SHARE MODE").format(
             sql.Identifier(self.shape.schema, self.shape.name)))
-        if typed_columns(src, self.shape.schema, self.shape.name) != self.typed:
+        if typed_columns(src, self.shape.schema, self.shape.name, self.shape.generated) != self.typed:
             return None
         # Text output must read back as the same value wherever it is parsed (session.JSON_OPTIONS sets the
         # time zone and date styles).
@@ -279,7 +279,7 @@ class PageReader:
     def ensure_relation(self, src: psycopg.Connection, state: psycopg.Connection) -> None:
         """Sinks learn a table's columns from the drain's Relation messages, which only come with a change:
         a table that has not changed since the slot was created is described here, from the catalog, as
-        the drain would (generated columns left out, as pgoutput does)."""
+        the drain would (the generated columns the stream leaves out recorded for a mirror to compute)."""
         shape = self.shape
         info = catalog.describe_table(src, shape.schema, shape.name)
         oid = catalog.table_oid(src, shape.schema, shape.name)
@@ -288,5 +288,7 @@ class PageReader:
         types = catalog.load_types(src, {c.type_oid for c in info.columns})
         columns = [column_record(c.name, c.type_oid, c.type_sql, info.replica_identity == "f" or c.in_primary_key,
                                  types) for c in info.columns if c.name not in shape.generated]
+        columns += generated_records([g for g in catalog.generated_columns(src, shape.schema, shape.name)
+                                      if g.name in shape.generated])
         upsert_relation(state, self.schema, shape.schema, shape.name, oid, info.replica_identity, columns,
                         info.primary_key, replace=False)

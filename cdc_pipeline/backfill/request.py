@@ -32,9 +32,9 @@ class TableShape:
     primary_key: tuple[str, ...]
     keyset: tuple[str, ...]
     sort_nullable: bool
-    generated: tuple[str, ...]
+    generated: tuple[str, ...]  # generated columns a record leaves out, as the stream does (catalog.streamed_generated)
     sort_indexed: bool
-    columns: tuple[str, ...] = ()  # the columns a record holds (generated ones left out, as pgoutput does)
+    columns: tuple[str, ...] = ()  # the columns a record holds
     json_columns: tuple[str, ...] = ()  # `json` columns: jsonb may refuse a value (capture/json_text.py)
     # Columns whose values may need their text in the log for a mirror (postgres/pgtypeinfo.py: TextRule).
     text_rules: tuple[tuple[str, TextRule], ...] = ()
@@ -63,8 +63,9 @@ def resolve(config: PipelineConfig, request: BackfillRequest) -> BackfillSpec:
     return BackfillSpec(table.qualified, tuple(sorted(sinks)), sort, request.start, request.end)
 
 
-def table_shape(conn: psycopg.Connection, spec: BackfillSpec) -> TableShape:
-    """The table's key, keyset order and generated columns, from the source catalog."""
+def table_shape(conn: psycopg.Connection, spec: BackfillSpec, publication: str) -> TableShape:
+    """The table's key, keyset order and the generated columns ``publication`` leaves out, from the source
+    catalog: a read holds the columns a change of the same row holds."""
     info = catalog.describe_table(conn, spec.schema_name, spec.table_name)
     if info is None:
         raise BackfillError(f"table {spec.table} does not exist in the source database")
@@ -72,7 +73,8 @@ def table_shape(conn: psycopg.Connection, spec: BackfillSpec) -> TableShape:
         raise BackfillError(f"table {spec.table} has no primary key: a backfill pages by it "
                             f"(ALTER TABLE {spec.table} ADD PRIMARY KEY (...))")
     attrs = catalog.column_flags(conn, spec.schema_name, spec.table_name)
-    generated = tuple(name for name, (_, gen) in attrs.items() if gen)
+    generated = tuple(g.name for g in catalog.streamed_generated(conn, publication, spec.schema_name,
+                                                                   spec.table_name)[1])
     stored = [c for c in info.columns if c.name not in generated]
     types = catalog.load_types(conn, {c.type_oid for c in stored})
     values = {"columns": tuple(c.name for c in stored),

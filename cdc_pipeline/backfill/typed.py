@@ -13,7 +13,7 @@ load it (state/typed_rows.py), identical to what ``to_jsonb`` gave.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import psycopg
 
@@ -45,10 +45,13 @@ def wanted(config: PipelineConfig, sinks: Sequence[str]) -> bool:
     return any(takes_typed(config, config.sink(name)) for name in sinks)
 
 
-def typed_columns(conn: psycopg.Connection, schema: str, table: str) -> Columns | None:
-    """The table's typed shape (name, type in the destination), or None when a column keeps the JSON path."""
+def typed_columns(conn: psycopg.Connection, schema: str, table: str, left_out: Collection[str]) -> Columns | None:
+    """The table's typed shape (name, type in the destination), or None when a column keeps the JSON path.
+    ``left_out``: the generated columns a record leaves out (request.py: TableShape.generated)."""
     out: list[tuple[str, str]] = []
     for c in catalog.column_kinds(conn, schema, table):
+        if c.name in left_out:
+            continue
         if c.type_oid in _JSON_PATH_ONLY or c.base_oid in OID_ALIASES:
             return None
         if c.kind == "e":

@@ -21,6 +21,7 @@ import logging
 import re
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -30,8 +31,8 @@ from psycopg import sql
 
 from cdc_pipeline.admin import ddl_capture
 from cdc_pipeline.capture import annotations, failover, faults, gap
-from cdc_pipeline.capture.assembly import Pending, Pulse, Txn
 from cdc_pipeline.capture.changes import LogRow, RelationShape, row_change, truncate_row
+from cdc_pipeline.capture.commit_pace import CommitPace
 from cdc_pipeline.capture.logwriter import LogWriter
 from cdc_pipeline.capture.prefixes import DDL_PREFIX, HEARTBEAT_PREFIX, PROBE_PREFIX
 from cdc_pipeline.capture.reconcile import watermark_hooks
@@ -85,21 +86,45 @@ class DrainStats:
         return self.changes / self.seconds if self.seconds else 0.0
 
 
-_ROW_CHANGES = (pgoutput.Insert, pgoutput.Update, pgoutput.Delete)
+@dataclass
+class _Txn:
+    """The source transaction being read: its commit position and time, the next change's index in it,
+    its annotation in force (capture/annotations.py), and whether the log already holds it."""
+
+    open: bool = False
+    lsn: int = 0
+    idx: int = 0
+    xid: int = 0
+    ts: datetime | None = None
+    note: str | None = None
+    skipping: bool = False
+
+    def begin(self, lsn: int, xid: int, ts: datetime, skipping: bool) -> None:
+        self.open, self.lsn, self.idx, self.xid, self.ts, self.note, self.skipping = True, lsn, 0, xid, ts, None, skipping
+
+    def at(self) -> tuple[int, int, int, datetime | None, str | None]:
+        """The next row's position and its transaction's facts, as the row builders take them."""
+        return self.lsn, self.idx, self.xid, self.ts, self.note
 
 
 @dataclass
-class _Read:
-    """One replication session's reading state (Drain._loop and its steps)."""
+class _Pass:
+    """What one session's loop carries from message to message."""
 
-    stream: ReplicationStream
-    state: psycopg.Connection  # the change log's connection, its transaction open between commits
-    source: psycopg.Connection  # catalog reads (heartbeats and probes go to the primary)
-    stats: DrainStats
-    committed: int  # the end LSN the log holds, reported to the slot
-    pending: Pending
-    pulse: Pulse
-    txn: Txn = field(default_factory=Txn)
+    committed: int  # the log holds everything up to here; the server was told so
+    pending_end: int = 0  # end LSN of the last complete transaction not yet committed to the log
+    pending_since: float = 0.0  # when the oldest of them ended
+    pending_changes: int = 0
+    hooked: bool = False  # a hook wrote in this batch: commit at its transaction's end (its row locks go)
+    last_heartbeat: float = 0.0
+    probe: str | None = None
+    changes_since_probe: int = 0
+    idle: bool = False
+    # A time limit may end the run only once the stream has reached the server's position at the start of
+    # this session (the first heartbeat): a transaction longer than the limit to re-read would otherwise
+    # never complete.
+    target: int | None = None
+    caught_up: bool = False
 
 
 class Drain:
@@ -261,85 +286,89 @@ class Drain:
               primary: psycopg.Connection, stats: DrainStats, committed: int, deadline: float | None,
               until_idle: bool) -> None:
         cfg = self.config.drain
-        r = _Read(stream, state, source, stats, committed, Pending(cfg.batch_rows, cfg.batch_ms),
-                  Pulse(cfg.heartbeat_seconds, until_idle))
-        txn, pulse, pending = r.txn, r.pulse, r.pending
-        writer, shapes, decode = self.writer, self._shapes, pgoutput.decode
-        timeout = min(0.2, cfg.batch_ms / 1000)
+        run = _Pass(committed=committed)
+        txn = _Txn()
+        pace = CommitPace(cfg.batch_rows, cfg.batch_ms)
         while True:
-            if not txn.open:  # between transactions: the stop conditions, the heartbeat and the probe
-                limit = deadline is not None and time.monotonic() >= deadline and pulse.caught_up
-                if self._stop.is_set() or pulse.idle or limit:
+            if not txn.open:
+                if self._stop.is_set() or run.idle or (
+                        deadline is not None and time.monotonic() >= deadline and run.caught_up):
                     break
-                pulse.tick(lambda prefix, content: self._emit(primary, prefix, content))
-            for frame in stream.frames(timeout=timeout):
+                self._between_transactions(primary, run, until_idle)
+            for frame in stream.frames(timeout=min(0.2, cfg.batch_ms / 1000)):
                 if isinstance(frame, Keepalive):
-                    pulse.reached(frame.wal_end)
+                    run.caught_up = run.caught_up or (run.target is not None and frame.wal_end >= run.target)
                     if frame.reply_requested:
-                        stream.send_status(r.committed)
+                        stream.send_status(run.committed)
                     continue
                 assert isinstance(frame, XLogData)
-                msg = decode(frame.payload)
-                if isinstance(msg, _ROW_CHANGES) and not txn.skipping:  # the hot path, inline
-                    writer.add(row_change(shapes[msg.relation_id], msg, txn.lsn, txn.idx, txn.xid, txn.ts, txn.note),
-                               state)
-                    txn.idx += 1
-                    pending.changes += 1
-                    pulse.changes += 1
-                    stats.changes += 1
-                elif self._dispatch(msg, r):
-                    break  # a transaction ended: back to the stop conditions between transactions
-            if not txn.open and pending.end and (pending.due() or pulse.idle or self._stop.is_set()
-                                                 or not stream.waiting()):  # a quiet stream: commit now
-                self._flush(r)
-        if pending.end:
-            self._flush(r)
-        stats.committed_lsn = max(stats.committed_lsn, r.committed)
+                if self._on_message(pgoutput.decode(frame.payload), txn, run, state, source, stats):
+                    break  # a transaction ended: back to check the commit rule and the stop conditions
+            if not txn.open and run.pending_end:
+                urgent = run.hooked or run.idle or self._stop.is_set() or not stream.waiting()
+                if pace.due(run.pending_changes, (time.monotonic() - run.pending_since) * 1000, urgent):
+                    self._commit_pending(state, stream, stats, run, txn.ts, pace)
+        if run.pending_end:
+            self._commit_pending(state, stream, stats, run, txn.ts, pace)
+        stats.committed_lsn = max(stats.committed_lsn, run.committed)
 
-    def _dispatch(self, msg: pgoutput.Message, r: _Read) -> bool:
-        """Every message but a row change of a transaction being logged (the loop's hot path). True: a
-        transaction ended."""
-        txn = r.txn
+    def _between_transactions(self, primary: psycopg.Connection, run: _Pass, until_idle: bool) -> None:
+        """The heartbeat every heartbeat_seconds (the first one is the position the session must reach
+        before a time limit may end it), and with --until-idle the probe whose return says idle; both
+        written on the primary (the source itself unless it is a standby)."""
+        now = time.monotonic()
+        if now - run.last_heartbeat >= self.config.drain.heartbeat_seconds:
+            at = self._emit(primary, HEARTBEAT_PREFIX, "")
+            run.target = at if run.target is None else run.target
+            run.last_heartbeat = now
+        if until_idle and run.probe is None:
+            run.probe = uuid.uuid4().hex
+            run.changes_since_probe = 0
+            self._emit(primary, PROBE_PREFIX, run.probe)
+
+    def _on_message(self, msg: pgoutput.Message, txn: _Txn, run: _Pass, state: psycopg.Connection,
+                    source: psycopg.Connection, stats: DrainStats) -> bool:
+        """Act on one decoded message; True at the end of a transaction."""
         if isinstance(msg, pgoutput.Begin):
-            txn.begin(msg, r.committed)
+            txn.begin(msg.final_lsn, msg.xid, msg.commit_ts, skipping=msg.final_lsn < run.committed)
         elif isinstance(msg, pgoutput.Commit):
-            return self._end(msg, r)
+            txn.open = False
+            run.caught_up = run.caught_up or (run.target is not None and msg.end_lsn >= run.target)
+            if txn.skipping:  # the log already holds this transaction: read on
+                stats.skipped_transactions += 1
+                txn.skipping = False
+                return False
+            stats.transactions += 1
+            if run.pending_end == 0:
+                run.pending_since = time.monotonic()
+            run.pending_end = msg.end_lsn
+            return True
         elif isinstance(msg, pgoutput.Relation):
             # Before the skip: the server sends a relation once per session, so one inside a skipped
             # transaction still describes the changes of the transactions after it.
-            self._add(self._relation(msg, r.source, r.state, not txn.skipping, txn.at()), r)  # catalog mode
+            self._log(self._relation(msg, source, state, not txn.skipping, txn.at()), txn, run, state)
         elif txn.skipping:
             pass
+        elif isinstance(msg, (pgoutput.Insert, pgoutput.Update, pgoutput.Delete)):
+            self._log(row_change(self._shapes[msg.relation_id], msg, *txn.at()), txn, run, state, stats)
+            run.changes_since_probe += 1
         elif isinstance(msg, pgoutput.Truncate):
             for rid in msg.relation_ids:
-                self._add(truncate_row(self._shapes[rid], *txn.at()), r)
-                r.stats.changes += 1
+                self._log(truncate_row(self._shapes[rid], *txn.at()), txn, run, state, stats)
         elif isinstance(msg, pgoutput.LogicalMessage):
-            self._logical(msg, r)
+            self._on_logical(msg, txn, run, state, source, stats)
         return False
 
-    def _end(self, msg: pgoutput.Commit, r: _Read) -> bool:
-        """A COMMIT: the transaction joins what is pending, committed to the log once that is due."""
-        r.txn.open = False
-        r.pulse.reached(msg.end_lsn)
-        if r.txn.skipping:
-            r.stats.skipped_transactions += 1
-            r.txn.skipping = False
-            return False
-        r.stats.transactions += 1
-        r.pending.close(msg.end_lsn)
-        if r.pending.due():
-            self._flush(r)
-        return True
-
-    def _logical(self, msg: pgoutput.LogicalMessage, r: _Read) -> None:
-        """The logical-message stream is application input: any prefix, content or size. Only our own
-        messages act, and content that cannot be used is skipped and counted."""
-        prefix, txn, stats = msg.prefix, r.txn, r.stats
+    def _on_logical(self, msg: pgoutput.LogicalMessage, txn: _Txn, run: _Pass, state: psycopg.Connection,
+                    source: psycopg.Connection, stats: DrainStats) -> None:
+        # The logical-message stream is application input: any prefix, content or size. Only our own
+        # messages act, and content that cannot be used is skipped and counted.
+        prefix = msg.prefix
         if prefix == PROBE_PREFIX:
-            quiet = r.pulse.answered(msg.content)
-            if quiet is not None:  # idle: nothing new since the probe, and no gap backfill needs this drain
-                r.pulse.idle = quiet and not self.gaps.running()
+            if run.probe is not None and msg.content == run.probe.encode():
+                # Idle: nothing new since the probe, and no gap backfill still needs this drain.
+                run.idle = run.changes_since_probe == 0 and not self.gaps.running()
+                run.probe = None
             elif not _PROBE_SHAPE.fullmatch(msg.content):  # not an earlier drain's probe
                 self._skip(msg, stats, "not a probe of this pipeline")
         elif prefix == annotations.ANNOTATIONS_PREFIX:
@@ -348,16 +377,16 @@ class Drain:
             else:
                 self._skip(msg, stats, "not transactional")
         elif prefix == DDL_PREFIX:  # schema changes from the source's event trigger
-            row = self.ddl.row(msg.content, txn.at(), r.source, r.state) \
+            row = self.ddl.row(msg.content, txn.at(), source, state) \
                 if msg.transactional and txn.open else "not transactional"
             if isinstance(row, str):
                 self._skip(msg, stats, row)
             else:
-                self._add(row, r)
+                self._log(row, txn, run, state)
         elif prefix in self.hooks:
-            self.writer.flush(r.state)  # hooks see the log up to this point
-            taken, logged = self._hook(msg, txn.lsn if txn.open else msg.lsn, txn.idx, r.state, stats)
-            r.pending.hooked = True  # commit at its transaction's end: its row locks go
+            self.writer.flush(state)  # hooks see the log up to this point
+            taken, logged = self._hook(msg, txn.lsn if txn.open else msg.lsn, txn.idx, state, stats)
+            run.hooked = True
             txn.idx += taken
             stats.changes += logged
         elif prefix == HEARTBEAT_PREFIX:
@@ -366,18 +395,25 @@ class Drain:
             else:
                 stats.heartbeats += 1
 
-    def _add(self, row: LogRow | None, r: _Read) -> None:
-        """A log row of the transaction being read (a schema change's, a truncate's), at its next position."""
-        if row is not None:
-            self.writer.add(row, r.state)
-            r.txn.idx += 1
-            r.pending.changes += 1
+    def _log(self, row: LogRow | None, txn: _Txn, run: _Pass, state: psycopg.Connection,
+             stats: DrainStats | None = None) -> None:
+        """A row into the log at the transaction's next position (`stats`: a change of a table, counted)."""
+        if row is None:
+            return
+        self.writer.add(row, state)
+        txn.idx += 1
+        run.pending_changes += 1
+        if stats is not None:
+            stats.changes += 1
 
     # -- state writes -----------------------------------------------------------------------------
-    def _flush(self, r: _Read) -> None:
-        """What is pending, committed to the log (_commit)."""
-        r.committed = self._commit(r.state, r.stream, r.stats, r.pending.end, r.txn.ts)
-        r.pending.clear()
+    def _commit_pending(self, state: psycopg.Connection, stream: ReplicationStream, stats: DrainStats, run: _Pass,
+                        ts: datetime | None, pace: CommitPace) -> None:
+        began = time.monotonic()
+        run.committed = self._commit(state, stream, stats, run.pending_end, ts)
+        pace.committed((time.monotonic() - began) * 1000)
+        run.pending_end = run.pending_changes = 0
+        run.hooked = False
 
     def _commit(self, state: psycopg.Connection, stream: ReplicationStream, stats: DrainStats, end_lsn: int,
                 ts: datetime | None) -> int:

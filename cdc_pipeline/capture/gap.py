@@ -66,21 +66,26 @@ def record(config: PipelineConfig, source: psycopg.Connection, gap: Gap) -> list
     store = BackfillStore(config.state.schema_name)
     now = datetime.now(UTC)
     queued: list[str] = []
-    with session.connect(config.state_dsn, durable=True, application_name="cdc_pipeline.drain") as state, \
-            state.transaction():
+    claimed: list[str] = []
+    with session.connect(config.state_dsn, durable=True, application_name="cdc_pipeline.drain") as state:
+        with state.transaction():
             for i, table in enumerate(gap.tables):
                 if not any(table in s.tables for s in config.sinks):
                     log.warning("gap: no sink receives %s: nothing to backfill", table)
                     continue
                 spec = resolve(config, BackfillRequest(table, origin=gap.origin))
-                shape = table_shape(source, spec)
+                shape = table_shape(source, spec, config.source.publication)
                 bid, _ = store.claim(state, spec, shape.primary_key, shape.keyset, gap.origin, None)
+                claimed.append(bid)
                 # Just before the slot's position, after everything the log holds (see the module doc).
                 slot_progress.skip_gap(state, store.schema, spec.schema_name, spec.table_name,
                                        (gap.confirmed - 1, i), now, bid)
                 queued.append(table)
             slot_progress.accept(state, store.schema, config.source.slot, gap.confirmed)
-    # Closing the connection released the runner locks claim() took: the threads take them over.
+        # The runner locks claim() took, released once committed (closing the session would release them
+        # only when its backend has exited, after the drain's threads may have looked): they take them over.
+        for bid in claimed:
+            store.release(state, bid)
     return queued
 
 

@@ -16,7 +16,12 @@ import psycopg
 
 from cdc_pipeline.capture.changes import RelationShape
 from cdc_pipeline.postgres import catalog, partitions, pgoutput
-from cdc_pipeline.state.relations import column_record, recorded_primary_key, upsert_relation
+from cdc_pipeline.state.relations import (
+    column_record,
+    generated_records,
+    recorded_primary_key,
+    upsert_relation,
+)
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +57,7 @@ def as_configured(rel: pgoutput.Relation, source: psycopg.Connection, configured
 
 
 def learn_relation(rel: pgoutput.Relation, source: psycopg.Connection, state: psycopg.Connection,
-                   schema: str, write: bool = True) -> RelationShape:
+                   schema: str, publication: str, write: bool = True) -> RelationShape:
     """Describe the relation, record it in the state schema's `relations` table (unless ``write`` is
     False: a Relation inside a transaction the log already holds), and return its shape."""
     info = catalog.describe_table(source, rel.namespace, rel.name)
@@ -72,6 +77,9 @@ def learn_relation(rel: pgoutput.Relation, source: psycopg.Connection, state: ps
             source, [(c.type_oid, c.type_modifier) for c in rel.columns]), strict=True))
         columns = [column_record(c.name, c.type_oid, type_sql.get(c.name), bool(c.flags & 1), types)
                    for c in rel.columns]
+        # Generated columns the stream does not carry (before PostgreSQL 18, or without
+        # publish_generated_columns): recorded for a mirror to compute them as the source does.
+        columns += generated_records(catalog.streamed_generated(source, publication, rel.namespace, rel.name)[1])
         upsert_relation(state, schema, rel.namespace, rel.name, rel.relation_id, rel.replica_identity, columns, key)
     return RelationShape.from_relation(rel, key or None, types)
 

@@ -32,8 +32,11 @@ def register(config: PipelineConfig, source: psycopg.Connection, tables: dict[st
         for table, why in tables.items():
             try:
                 spec = resolve(config, BackfillRequest(table, origin=origin))
-                shape = table_shape(source, spec)
-                store.claim(state, spec, shape.primary_key, shape.keyset, origin, None)
+                shape = table_shape(source, spec, config.source.publication)
+                bid, _ = store.claim(state, spec, shape.primary_key, shape.keyset, origin, None)
+                # Released here, not by closing the session: a backend releases its locks only once it has
+                # exited, and the drain's threads look for backfills nobody holds right after this returns.
+                store.release(state, bid)
             except BackfillError as exc:
                 log.warning("schema change of %s (%s): its rows must be read again, but no backfill could be "
                             "started (%s): run `cdc-pipeline backfill %s`", table, why, exc, table)

@@ -130,6 +130,7 @@ class SchemaChanges:
                  at: tuple[int, int, int, datetime, str | None], source: psycopg.Connection,
                  state: psycopg.Connection, tag: str) -> LogRow:
         lsn, idx, xid, ts, note = at
+        ops = self._computed(source, after, ops)
         both = (*before.columns, *after.columns)
         types = catalog.load_types(source, {c.type_oid for c in both if c.type_oid})
         mirror = {c.type: mirror_plan(types[c.type_oid], c.type).sql if c.type_oid in types else "text" for c in both}
@@ -153,6 +154,17 @@ class SchemaChanges:
         return (lsn, idx, xid, schema, name, "schema", None, json.dumps(record), json.dumps(changes), ts, None,
                 None, note)
 
+    def _computed(self, source: psycopg.Connection, after: Shape, ops: list[Op]) -> list[Op]:
+        """An added generated column the stream leaves out (catalog.streamed_generated): no record holds it,
+        so nothing is read again; a mirror computes it with the source's expression."""
+        gen = {c.name: c for c in after.columns if c.generated and c.default}
+        if not any(o.kind == "add" and o.column in gen for o in ops):
+            return ops
+        carried = catalog.publishes_generated(source, self.publication)
+        return [replace(o, generated=str(gen[o.column].default), reread=False)
+                if o.kind == "add" and o.column in gen and not (carried and gen[o.column].generated == "s") else o
+                for o in ops]
+
     def on_relation(self, rel: pgoutput.Relation, source: psycopg.Connection, state: psycopg.Connection, write: bool,
                     at: tuple[int, int, int, datetime | None, str | None]) -> tuple[RelationShape, LogRow | None]:
         """A RELATION message: its shape (under the configured name of a partition's parent or a renamed
@@ -160,7 +172,7 @@ class SchemaChanges:
         rel = as_configured(rel, source, self.configured, lambda rid: relations.name_of_relation(state, self.schema, rid))
         table = f"{rel.namespace}.{rel.name}"
         recorded = relations.relation_columns(state, self.schema).get(table) if write and self.key is None else None
-        shape = learn_relation(rel, source, state, self.schema, write)
+        shape = learn_relation(rel, source, state, self.schema, self.publication, write)
         if recorded is None or table not in self.configured or at[3] is None:
             return shape, None
         now = [(c.name, t, c.type_oid) for c, t in zip(rel.columns, catalog.format_types(

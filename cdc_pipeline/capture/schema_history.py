@@ -58,10 +58,11 @@ class Op:
     missing: str | None = None  # add: what rows that existed hold
     detail: str = ""  # default / not_null: the new definition; attach: the partition
     reread: bool = False  # the source rewrote the rows without decoding them: they must be read again
+    generated: str = ""  # add: the generation expression of a generated column the stream leaves out
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"op": self.kind}
-        for name in ("column", "new_name", "type", "old_type", "detail"):
+        for name in ("column", "new_name", "type", "old_type", "detail", "generated"):
             if getattr(self, name):
                 out[name] = getattr(self, name)
         if self.kind == "add":

@@ -101,7 +101,8 @@ class DrainConfig(StrictModel):
     batch_rows: int = Field(default=20000, gt=0, description="Write the drain's buffer to the log at this many "
                             "rows (or `batch_bytes`, whichever first).")
     batch_ms: int = Field(default=200, gt=0, description="Commit to the log at least this often while changes "
-                          "keep coming (a quiet stream is committed at once).")
+                          "keep coming (a quiet stream is committed at once; a busy one after six times the last "
+                          "commit's duration, at least 15 ms, when that is sooner).")
     idle_seconds: float = Field(default=2, gt=0, description=_DEPRECATED)  # loading.DEPRECATED_KEYS
     run_minutes: float = Field(default=30, gt=0, description="Dagster: one `cdc_drain` run streams this long, "
                                "then the drain sensor starts the next one.")

@@ -88,7 +88,7 @@ def _move_and_register(config: PipelineConfig, sink: SinkConfig, store: Store, c
 
     specs = [resolve(config, BackfillRequest(table, sinks=(sink.name,), origin=ORIGIN)) for table in sink.tables]
     with session.connect(config.source.dsn, autocommit=True, application_name="cdc_pipeline.backfill") as src:
-        shapes = [table_shape(src, spec) for spec in specs]
+        shapes = [table_shape(src, spec, config.source.publication) for spec in specs]
     backfills = BackfillStore(config.state.schema_name)
     claimed: list[str] = []
     try:

@@ -59,6 +59,8 @@ class TableInfo:
     # The columns a DELETE's old tuple carries (and an UPDATE's, when they change): the primary key
     # under DEFAULT, every column under FULL, the index's columns under USING INDEX, none under NOTHING.
     identity_columns: tuple[str, ...] = ()
+    # Generated columns the stream leaves out (a mirror computes them with the source's expression).
+    generated: tuple[GeneratedColumn, ...] = ()
 
     @property
     def qualified(self) -> str:
@@ -227,8 +229,8 @@ ORDER BY a.attnum
 """
 
 
-# Each stored column (generated ones left out): name, type as SQL, and what its type (or an array's
-# element type) is: its kind (pg_type.typtype) and OID.
+# Each column: name, type as SQL, and what its type (or an array's element type) is: its kind
+# (pg_type.typtype) and OID.
 _COLUMN_KINDS = """
 SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.atttypid,
        coalesce(e.typtype, t.typtype), coalesce(e.oid, t.oid), t.typelem <> 0 AND t.typlen = -1
@@ -236,7 +238,6 @@ FROM pg_attribute a
 JOIN pg_type t ON t.oid = a.atttypid
 LEFT JOIN pg_type e ON e.oid = t.typelem AND t.typlen = -1 AND t.typelem <> 0
 WHERE a.attrelid = to_regclass(format('%%I.%%I', %s::text, %s::text)) AND a.attnum > 0 AND NOT a.attisdropped
-  AND a.attgenerated = ''
 ORDER BY a.attnum
 """
 
@@ -252,7 +253,7 @@ class ColumnKind:
 
 
 def column_kinds(conn: psycopg.Connection, schema: str, name: str) -> list[ColumnKind]:
-    """The table's stored columns in order, with what their types are (see _COLUMN_KINDS)."""
+    """The table's columns in order, with what their types are (see _COLUMN_KINDS)."""
     return [ColumnKind(str(n), str(t), int(o), str(k), int(b), bool(a))
             for n, t, o, k, b, a in conn.execute(_COLUMN_KINDS, (schema, name)).fetchall()]
 
@@ -293,6 +294,43 @@ def column_flags(conn: psycopg.Connection, schema: str, name: str) -> dict[str, 
         "SELECT attname, attnotnull, attgenerated <> '' FROM pg_attribute "
         "WHERE attrelid = to_regclass(format('%%I.%%I', %s::text, %s::text)) AND attnum > 0 AND NOT attisdropped",
         (schema, name)).fetchall()}
+
+
+@dataclass(frozen=True, slots=True)
+class GeneratedColumn:
+    name: str
+    type_sql: str
+    expression: str  # pg_get_expr of its generation expression
+    stored: bool  # attgenerated 's' (PostgreSQL 18 also has virtual ones, 'v')
+
+
+def generated_columns(conn: psycopg.Connection, schema: str, name: str) -> list[GeneratedColumn]:
+    """The table's generated columns in order, with their generation expressions."""
+    return [GeneratedColumn(str(n), str(t), str(e), g == "s") for n, t, e, g in conn.execute(
+        "SELECT a.attname, format_type(a.atttypid, a.atttypmod), pg_get_expr(d.adbin, d.adrelid), a.attgenerated "
+        "FROM pg_attribute a JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum "
+        "WHERE a.attrelid = to_regclass(format('%%I.%%I', %s::text, %s::text)) AND a.attnum > 0 "
+        "AND NOT a.attisdropped AND a.attgenerated <> '' ORDER BY a.attnum", (schema, name)).fetchall()]
+
+
+def publishes_generated(conn: psycopg.Connection, publication: str) -> bool:
+    """Whether the publication carries STORED generated columns' values (PostgreSQL 18+:
+    publish_generated_columns = stored); before 18 pgoutput never sends them."""
+    if conn.info.server_version < 180000:
+        return False
+    row = conn.execute("SELECT pubgencols = 's' FROM pg_publication WHERE pubname = %s", (publication,)).fetchone()
+    return bool(row and row[0])
+
+
+def streamed_generated(conn: psycopg.Connection, publication: str, schema: str, name: str
+                       ) -> tuple[set[str], list[GeneratedColumn]]:
+    """The table's generated columns the stream carries (names), and those it leaves out: a record holds
+    the former, and a Postgres mirror computes the latter with the source's expression."""
+    gen = generated_columns(conn, schema, name)
+    if not gen:
+        return set(), []
+    carried = publishes_generated(conn, publication)
+    return {g.name for g in gen if carried and g.stored}, [g for g in gen if not (carried and g.stored)]
 
 
 def column_types(conn: psycopg.Connection, schema: str, name: str) -> dict[str, str]:

@@ -37,7 +37,7 @@ indented here). See [Values](../explanation/values.md) for how each PostgreSQL t
 
 | field | meaning |
 |---|---|
-| `record` | the new row (the old row for a `delete`), as `to_jsonb(row)` prints it; a `delete` under the default replica identity carries only the key: see below |
+| `record` | the new row (the old row for a `delete`), as `to_jsonb(row)` prints it (generated columns: per PostgreSQL version, see [Values](../explanation/values.md)); a `delete` under the default replica identity carries only the key: see below |
 | `changes` | the old values of the columns an `update` changed; `null` otherwise. Old values need `REPLICA IDENTITY FULL`; with the default identity only a changed key's old values are known, and `changes` is `{}` otherwise |
 | `action` | `insert`, `update`, `delete`, or `read` (a backfill's row) |
 | `metadata.table_schema`, `metadata.table_name` | the source table |

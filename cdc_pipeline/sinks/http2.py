@@ -227,7 +227,7 @@ class Http2Connection:
                     stream.answer.set_exception(StreamRefused("the endpoint refused the HTTP/2 stream"))
             elif not stream.answer.done():
                 stream.answer.set_exception(TransportFailed(
-                    f"the endpoint reset the HTTP/2 stream ({h2.errors._error_code_from_int(event.error_code)!s})"))
+                    f"the endpoint reset the HTTP/2 stream ({_code(event.error_code)})"))
         elif isinstance(event, h2.events.ConnectionTerminated):
             # Streams up to last_stream_id may still be answered; later ones never will be.
             self._closed = f"GOAWAY ({_code(event.error_code)})"

@@ -8,7 +8,7 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from cdc_pipeline.postgres.catalog import ColumnInfo, TableInfo
+from cdc_pipeline.postgres.catalog import ColumnInfo, GeneratedColumn, TableInfo
 from cdc_pipeline.postgres.pgtypeinfo import PgType, mirror_plan
 
 
@@ -39,7 +39,7 @@ def relation_columns(conn: psycopg.Connection, schema: str) -> dict[str, list[di
     """Each recorded table ("schema.table") with its columns, as column_record made them."""
     rows = conn.execute(sql.SQL("SELECT table_schema || '.' || table_name, columns FROM {}.relations")
                         .format(sql.Identifier(schema))).fetchall()
-    return {r[0]: r[1] for r in rows}
+    return {r[0]: [c for c in r[1] if "generated" not in c] for r in rows}
 
 
 def table_info(conn: psycopg.Connection, schema: str, table: str) -> TableInfo | None:
@@ -54,7 +54,8 @@ def table_info(conn: psycopg.Connection, schema: str, table: str) -> TableInfo |
     return TableInfo(table_schema, name, tuple(
         ColumnInfo(c["name"], c.get("type_sql") or "text", int(c["type_oid"]), False, c["name"] in pk,
                    c.get("mirror_type"))
-        for c in columns), tuple(pk), identity or "d")
+        for c in columns if "generated" not in c), tuple(pk), identity or "d", generated=tuple(
+        GeneratedColumn(c["name"], c["type_sql"], c["generated"], True) for c in columns if "generated" in c))
 
 
 def column_record(name: str, type_oid: int, type_sql: str | None, key: bool,
@@ -64,6 +65,12 @@ def column_record(name: str, type_oid: int, type_sql: str | None, key: bool,
     t = types.get(type_oid)
     mirror = mirror_plan(t, type_sql).sql if t is not None and type_sql else None
     return {"name": name, "type_oid": type_oid, "key": key, "type_sql": type_sql, "mirror_type": mirror}
+
+
+def generated_records(left_out: Sequence[GeneratedColumn]) -> list[dict[str, object]]:
+    """Generated columns the stream leaves out, as the `relations` table records them beside the columns
+    (a mirror defines them with the source's expression; readers of the columns skip them)."""
+    return [{"name": g.name, "type_sql": g.type_sql, "generated": g.expression} for g in left_out]
 
 
 def record_schema_change(conn: psycopg.Connection, schema: str, table_schema: str, table_name: str,

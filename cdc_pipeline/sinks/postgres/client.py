@@ -278,7 +278,7 @@ class PostgresSink(Sink):
         if info is None or not info.primary_key:
             raise ValueError(f"mirror of {source_table}: no primary key known for the source table")
         target = self._target(source_table)
-        columns = tuple(c.name for c in info.columns)
+        columns = (*(c.name for c in info.columns), *(f"{g.name} AS ({g.expression})" for g in info.generated))
         key = ".".join(target)
         known = self._pending.get(key, self._shapes.get(key))
         if known is not None and known[0] == columns:
@@ -286,7 +286,7 @@ class PostgresSink(Sink):
         ident = sql.Identifier(*target)
         self._ddl_lock()
         self.conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(target[0])))
-        have = evolve.columns(self.conn, target)
+        have = evolve.columns(self.conn, target, generated=True)
         if not have:
             first = history.creation_columns(info, self._history(source_table))
             self.conn.execute(sql.SQL("CREATE TABLE {} ({}, PRIMARY KEY ({}))").format(
@@ -298,6 +298,9 @@ class PostgresSink(Sink):
             if c.name not in have:
                 self.conn.execute(sql.SQL("ALTER TABLE {} ADD COLUMN {} {}").format(
                     ident, sql.Identifier(c.name), _column_type(c)))
+        for g in info.generated:  # computed by the mirror as the source computes them (values.md)
+            if g.name not in have:
+                evolve.add_generated(self.conn, target, g.name, g.type_sql, g.expression)
         mirror = history.mirror_info(info, evolve.columns(self.conn, target))
         self._pending[key] = (columns, mirror)
         return target, mirror

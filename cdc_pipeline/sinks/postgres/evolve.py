@@ -24,12 +24,20 @@ class SchemaFollowError(ValueError):
     """A schema change the mirror could not follow (the message is parked with this error)."""
 
 
-def columns(conn: psycopg.Connection, target: tuple[str, str]) -> dict[str, str]:
-    """The mirror table's columns -> their types (format_type), in order."""
+def columns(conn: psycopg.Connection, target: tuple[str, str], generated: bool = False) -> dict[str, str]:
+    """The mirror table's columns -> their types (format_type), in order: the ones messages are written to,
+    or with ``generated`` also the ones it computes (a source's generated column the stream leaves out)."""
     return {str(r[0]): str(r[1]) for r in conn.execute(
         "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = "
-        "to_regclass(format('%%I.%%I', %s::text, %s::text)) AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
-        target).fetchall()}
+        "to_regclass(format('%%I.%%I', %s::text, %s::text)) AND attnum > 0 AND NOT attisdropped "
+        "AND (%s OR attgenerated = '') ORDER BY attnum", (*target, generated)).fetchall()}
+
+
+def add_generated(conn: psycopg.Connection, target: tuple[str, str], name: str, type_sql: str, expression: str) -> None:
+    """A source's generated column the stream does not carry, computed by the mirror as the source computes
+    it. The expression is pg_get_expr's output from the source's catalog: one expression, parenthesized."""
+    conn.execute(sql.SQL("ALTER TABLE {} ADD COLUMN {} {} GENERATED ALWAYS AS ({}) STORED").format(
+        sql.Identifier(*target), sql.Identifier(name), _type(type_sql), sql.SQL(expression)))  # no parameters: % as it is
 
 
 def nothing_to_alter(conn: psycopg.Connection, target: tuple[str, str], source_table: str) -> bool:
@@ -64,7 +72,8 @@ def _type(text: object) -> sql.Composable:
 
 def _apply_op(conn: psycopg.Connection, target: tuple[str, str], op: dict[str, Any], key: tuple[str, ...]) -> None:
     t = sql.Identifier(*target)
-    have = columns(conn, target)
+    have = columns(conn, target, generated=True)
+    computed = set(have) - set(columns(conn, target))
     col = str(op.get("column") or "")
     c = sql.Identifier(col)
     if op["op"] == "drop":
@@ -82,9 +91,14 @@ def _apply_op(conn: psycopg.Connection, target: tuple[str, str], op: dict[str, A
     elif op["op"] == "type":
         if col not in have:
             conn.execute(sql.SQL("ALTER TABLE {} ADD COLUMN {} {}").format(t, c, _type(op["type"])))
+        elif col in computed and have[col] != op["type"]:  # recomputed by its expression, as the source's
+            conn.execute(sql.SQL("ALTER TABLE {} ALTER COLUMN {} TYPE {}").format(t, c, _type(op["type"])))
         elif have[col] != op["type"]:
             conn.execute(sql.SQL("ALTER TABLE {t} ALTER COLUMN {c} TYPE {ty} USING {c}::{ty}").format(
                 t=t, c=c, ty=_type(op["type"])))
+    elif op["op"] == "add" and op.get("generated"):
+        if col not in have:
+            add_generated(conn, target, col, str(op["type"]), str(op["generated"]))
     elif op["op"] == "add":
         _add(conn, t, have, col, op)
 

@@ -350,5 +350,5 @@ def test_json_money_and_oid_alias_columns_keep_the_json_path(source_db: Any) -> 
         + "CREATE TABLE public.plain (id int PRIMARY KEY, v text[], m mood[])")
     with source_db.connect() as conn:
         for i, kind in enumerate(kept):
-            assert typed_columns(conn, "public", f"k{i}") is None, kind
-        assert typed_columns(conn, "public", "plain") == (("id", "integer"), ("v", "text[]"), ("m", "text[]"))
+            assert typed_columns(conn, "public", f"k{i}", ()) is None, kind
+        assert typed_columns(conn, "public", "plain", ()) == (("id", "integer"), ("v", "text[]"), ("m", "text[]"))

@@ -8,17 +8,23 @@ from __future__ import annotations
 import signal
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
 
 from cdc_pipeline.admin.check import check
 from cdc_pipeline.admin.setup import setup
-from cdc_pipeline.admin.status import collect
 from cdc_pipeline.config import PipelineConfig
 from cdc_pipeline_tests.conftest import Database
-from cdc_pipeline_tests.evolving import Writers, assert_append_history, logs, processes, source_records
+from cdc_pipeline_tests.evolving import (
+    Writers,
+    assert_append_history,
+    caught_up,
+    logs,
+    mirror_and_append,
+    processes,
+    source_records,
+)
 from cdc_pipeline_tests.helpers import assert_mirrored, mirror_config, wait_until
 
 # Two levels: 'eu' is itself partitioned by id range; 'us' and the default partition are leaves.
@@ -56,11 +62,7 @@ def test_partitioned_parent_through_changes_and_backfill(
         tmp_path: Path) -> None:
     dest = db_factory()
     source_db.execute(PARTITIONED)
-    data: dict[str, Any] = mirror_config(source_db.dsn, dest.dsn, ["public.ev"])
-    data["delivery"] = {"idle_seconds": 0.05, "batch_size": 500}
-    data["sinks"].append({"name": "app", "tables": ["public.ev"], "destination": {
-        "type": "postgres", "dsn": dest.dsn, "table": "out.events", "mode": "append"}})
-    config = write_config(data)
+    config = write_config(mirror_and_append(source_db.dsn, dest.dsn, "public.ev", "out.events"))
     setup(config)
     assert source_db.execute("SELECT pubviaroot FROM pg_publication WHERE pubname = 'cdc_test'") == [(True,)]
     path = str(config.path)
@@ -74,11 +76,8 @@ def test_partitioned_parent_through_changes_and_backfill(
         writers.stop()
         want = int(source_db.execute("SELECT count(*) FROM public.ev")[0][0])
 
-        def caught_up() -> bool:
-            lags = [collect(config)["sinks"][s]["lag_messages"] for s in ("mirror", "app")]
-            return lags == [0, 0] and int(dest.execute("SELECT count(*) FROM mirror.ev")[0][0]) == want
-
-        wait_until(caught_up, 120, "the sinks to catch up")
+        wait_until(lambda: caught_up(config, source_db.dsn, dest.dsn, "public.ev", "id, region"), 120,
+                   "the sinks to catch up")
         for proc in (deliver, drain):
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(60) == 0, logs(tmp_path)

@@ -17,7 +17,7 @@ from cdc_pipeline.admin.setup import setup
 from cdc_pipeline.admin.status import collect
 from cdc_pipeline.config import PipelineConfig
 from cdc_pipeline_tests.conftest import Database
-from cdc_pipeline_tests.evolving import Writers, logs, processes
+from cdc_pipeline_tests.evolving import Writers, logs, mirror_and_append, processes
 from cdc_pipeline_tests.helpers import assert_mirrored, mirror_config, sync, wait_until
 
 TABLE = """
@@ -137,11 +137,7 @@ def test_schema_changes_under_writers_as_processes(source_db: Database, db_facto
     dest = db_factory()
     source_db.execute("CREATE TABLE public.w (id integer PRIMARY KEY, v integer NOT NULL, n integer DEFAULT 1, "
                       "m numeric(8,2) DEFAULT 1.25, old_name text DEFAULT 'o')")
-    data: dict[str, Any] = mirror_config(source_db.dsn, dest.dsn, ["public.w"])
-    data["delivery"] = {"idle_seconds": 0.05, "batch_size": 200}
-    data["sinks"].append({"name": "app", "tables": ["public.w"], "destination": {
-        "type": "postgres", "dsn": dest.dsn, "table": "out.w", "mode": "append"}})
-    config = write_config(data)
+    config = write_config(mirror_and_append(source_db.dsn, dest.dsn, "public.w", "out.w", batch_size=200))
     setup(config)
     path = str(config.path)
     with processes(tmp_path) as start, Writers(source_db.dsn, _writer_step) as writers:

@@ -55,7 +55,7 @@ class H2Receiver:
         config.certfile, config.keyfile = tls
         config.alpn_protocols = alpn
         config.loglevel = "WARNING"
-        config.graceful_timeout = 5
+        config.graceful_timeout = 1  # a request still out when stopped (the late one below) is not waited for long
         self._loop = asyncio.new_event_loop()
         self._stop = asyncio.Event()
         started = threading.Event()
@@ -354,11 +354,15 @@ def test_requests_the_endpoint_did_not_process_go_again_on_a_new_connection(trus
 class Hostile(GoawayAfterFirst):
     """A raw HTTP/2 server with one hostile habit: `refuse` resets every stream of its first connection with
     REFUSED_STREAM (not processed) and answers later connections; `early_413` advertises a 16-byte window,
-    never opens it, and answers each request 413 with END_STREAM as soon as its headers arrive."""
+    never opens it, and answers each request 413 with END_STREAM as soon as its headers arrive; `reset`
+    resets its first `gather` requests, once whole, with INTERNAL_ERROR and answers the later ones; `drop`
+    closes its first connection, unanswered, once `gather` requests are whole on it, and answers later
+    connections."""
 
-    def __init__(self, tls: tuple[str, str], mode: str) -> None:
+    def __init__(self, tls: tuple[str, str], mode: str, gather: int = 1) -> None:
         self.mode = mode
-        super().__init__(tls)
+        self.resets = gather if mode == "reset" else 0
+        super().__init__(tls, gather)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
@@ -369,6 +373,7 @@ class Hostile(GoawayAfterFirst):
             conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 16})
         writer.write(conn.data_to_send())
         bodies: dict[int, bytes] = {}
+        whole = 0  # requests received whole on this connection
         try:
             while data := await reader.read(65536):
                 for event in conn.receive_data(data):
@@ -377,14 +382,23 @@ class Hostile(GoawayAfterFirst):
                             conn.reset_stream(event.stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
                         elif self.mode == "early_413":
                             conn.send_headers(event.stream_id, [(":status", "413")], end_stream=True)
-                    elif isinstance(event, h2.events.DataReceived) and self.mode == "refuse":
+                    elif isinstance(event, h2.events.DataReceived) and self.mode != "early_413":
                         conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
-                        if not first_connection:  # a refused stream's data in flight is dropped
+                        if self.mode != "refuse" or not first_connection:  # a refused stream's data is dropped
                             bodies[event.stream_id] = bodies.get(event.stream_id, b"") + event.data
                     elif isinstance(event, h2.events.StreamEnded) and event.stream_id in bodies:
+                        whole += 1
+                        if self.mode == "drop" and first_connection:
+                            continue
+                        if self.resets:
+                            self.resets -= 1
+                            conn.reset_stream(event.stream_id, h2.errors.ErrorCodes.INTERNAL_ERROR)
+                            continue
                         self.processed += [m["metadata"]["idempotency_key"]
                                            for m in json.loads(bodies.pop(event.stream_id))["data"]]
                         conn.send_headers(event.stream_id, [(":status", "200")], end_stream=True)
+                if self.mode == "drop" and first_connection and whole >= self.gather:
+                    break  # the connection lost with every request on it unanswered
                 writer.write(conn.data_to_send())
                 await writer.drain()
         except (ConnectionError, h2.exceptions.ProtocolError):
@@ -426,5 +440,34 @@ def test_an_early_413_is_returned_at_once_while_the_body_waits_on_flow_control(t
             sink.close()
         assert results[0] is not None and "413" in results[0]
         assert took < 10, f"waited {took:.1f} s of the 20 s deadline for a 413 already received"
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("mode", ["reset", "drop"])
+def test_another_reset_or_a_lost_connection_fails_its_requests_as_unanswered_at_once(
+        trusted: tuple[str, str], mode: str) -> None:
+    """RST_STREAM INTERNAL_ERROR after the whole request, or the connection closed under six whole requests:
+    the endpoint may have processed them, so they are not sent again at once; each is reported unanswered
+    right away (not at its deadline) and sent again by the engine's next call, which the sink makes on a
+    new connection when the old one is gone."""
+    server = Hostile(trusted, mode, gather=6)
+    try:
+        batch = messages(6, groups=6)
+        sink = webhook(server.url, batch_size=1, max_in_flight=6, timeout_ms=20_000)
+        sink.open()
+        try:
+            began = time.monotonic()
+            results = deliver_in_order(sink, batch)
+            took = time.monotonic() - began
+            assert server.processed == []
+            why = "INTERNAL_ERROR" if mode == "reset" else "connection ended"
+            assert all(r is not None and r is not HELD and why in r for r in results), results
+            assert took < 10, f"waited {took:.1f} s of the 20 s deadline for requests already failed"
+            assert deliver_in_order(sink, batch) == [None] * 6  # what the engine does with unanswered ones
+        finally:
+            sink.close()
+        assert sorted(server.processed) == sorted(keys(batch))
+        assert server.connections == (1 if mode == "reset" else 2)
     finally:
         server.stop()
