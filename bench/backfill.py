@@ -239,7 +239,7 @@ def timed_delivery(config_path: Path, rows: int) -> dict[str, float]:
     from collections import Counter
 
     from cdc_pipeline.config import load_config
-    from cdc_pipeline.delivery import engine, staging
+    from cdc_pipeline.delivery import engine, reader, staging
     from cdc_pipeline.delivery.schedule import settle
     from cdc_pipeline.delivery.spark_stage import spark_session
     from cdc_pipeline.sinks.postgres import client as pg_sink
@@ -264,13 +264,13 @@ def timed_delivery(config_path: Path, rows: int) -> dict[str, float]:
     timed(store.Store, "load_batch", "load from the log (SQL -> Arrow; overlaps the sink)")
     timed(staging, "run_stage", "Spark stage (filter/transform/route/payload)")
     timed(staging, "run_arrow_stage", "Arrow stage (payload; overlaps the sink)")
-    timed(engine, "messages_from", "Arrow -> messages")
+    timed(reader, "messages_from", "Arrow -> messages")
     timed(pg_sink.PostgresSink, "_apply", "sink: COPY to stage + MERGE")
     timed(store.Store, "head_run", "find the next run of typed reads in the log")
     timed(pg_sink.PostgresSink, "deliver_typed_run", "typed run relayed: log COPY -> mirror COPY + MERGE")
     # Loading and staging run one batch ahead, beside the sink: time batches by when each was settled.
     sent: list[tuple[int, float]] = []
-    original_settle, original_relay = settle.Settler.settle, engine.Deliverer._relay
+    original_settle, original_relay = settle.Settler.settle, reader.Reader.relay_run
 
     def settled(self: Any, conn: Any, stats: Any, window: Any, done: Any, offset: Any) -> Any:
         result = original_settle(self, conn, stats, window, done, offset)
@@ -285,7 +285,7 @@ def timed_delivery(config_path: Path, rows: int) -> dict[str, float]:
         return result
 
     settle.Settler.settle = settled  # type: ignore[method-assign]
-    engine.Deliverer._relay = relay  # type: ignore[method-assign]
+    reader.Reader.relay_run = relay  # type: ignore[method-assign]
     config = load_config(config_path)
     spark = spark_session(config.spark)
     deliverer = engine.Deliverer(config, config.sink("solo"), spark)

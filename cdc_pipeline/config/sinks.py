@@ -157,6 +157,14 @@ class SinkConfig(StrictModel):
 
 
     @model_validator(mode="after")
+    def _check_route(self) -> "SinkConfig":
+        kind = self.destination.type
+        if self.route is not None and kind in ("delta", "iceberg"):  # a lake table is its source table's
+            fail((("route",), f"a {kind} sink writes each source table to its own lake table (destination.table's "
+                  "pattern) and takes no route: remove the key"))
+        return self
+
+    @model_validator(mode="after")
     def _check_enrichment(self) -> "SinkConfig":
         if self.enrichment is not None and self.enrichment.table not in self.tables:
             fail((("enrichment", "table"), f"must be one of the sink's tables ({', '.join(self.tables)}) "

@@ -1,16 +1,16 @@
 """Delivery of one sink: log -> Spark stage -> sink, with parking, retries and per-group order.
 
-The Deliverer is wired here from explicit parts, each given what it needs: a stager (staging.py), a parking
-lot (parking.py), a relay of typed runs (relay.py), the window of calls (schedule/window.py), the settler of
-calls (schedule/settle.py) and the offset keeper that settles every send (offset.py).
+The Deliverer is wired here from explicit parts, each given what it needs: a reader of the log (reader.py:
+blocks staged ahead, typed runs relayed), a stager (staging.py), a parking lot (parking.py), the scheduler
+(schedule/: calls cut from a block, the hold-back policy, the window of calls, the settler) and the offset
+keeper that settles every send (offset.py).
 
-Each block: load the log after the last one, run the Spark stage, cut it into the sink's calls of at most
-its `batch_size` log rows (schedule/calls.py); each call holds back messages whose group has a parked or failed
-message, hands the rest to the sink in the calls its ordering needs (schedule/), parks what
-failed (and what is behind it in its group); settled in order, the offset advances past each call. Up to the
-sink's `max_in_flight` calls (its `limits()`) are out at once, across blocks, a group's message never before the outcome of
-its earlier one. So a poison message never stalls the other groups, and a group never delivers a message
-before an earlier one of its own.
+Each block: read after the last one and through the stage, cut into the sink's calls of at most its
+`batch_size` log rows; each call holds back messages whose group has a parked or failed message, hands the
+rest to the sink in the calls its ordering needs, parks what failed (and what is behind it in its group);
+settled in order, the offset advances past each call. Up to the sink's `max_in_flight` calls (its `limits()`)
+are out at once, across blocks, a group's message never before the outcome of its earlier one. So a poison
+message never stalls the other groups, and a group never delivers a message before an earlier one of its own.
 """
 
 from __future__ import annotations
@@ -20,42 +20,40 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager, suppress
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING
 
 import psycopg
-import pyarrow as pa
 
 from cdc_pipeline.backfill.typed import takes_typed
 from cdc_pipeline.config import PipelineConfig, SinkConfig
-from cdc_pipeline.core.backoff import next_delay_ms
 from cdc_pipeline.delivery import backlog
 from cdc_pipeline.delivery.enrichment import Enricher
 from cdc_pipeline.delivery.lane_keeper import LaneKeeper, LockStillHeld, SinkBusy, send_lock
 from cdc_pipeline.delivery.lazy_spark import LazySpark
 from cdc_pipeline.delivery.offset import OffsetKeeper
-from cdc_pipeline.delivery.outage import Liveness, transient
-from cdc_pipeline.delivery.parking import RETRY_CHUNK, ParkingLot, messages_from
-from cdc_pipeline.delivery.plan import SinkPlan, empty_output
+from cdc_pipeline.delivery.outage import Liveness, ride_through
+from cdc_pipeline.delivery.parking import RETRY_CHUNK, ParkingLot
+from cdc_pipeline.delivery.plan import SinkPlan
+from cdc_pipeline.delivery.reader import Blocks, Reader, Staged
 from cdc_pipeline.delivery.relay import Relay
-from cdc_pipeline.delivery.schedule.calls import MIN_LOAD, Call, cut, gather_wait
+from cdc_pipeline.delivery.schedule.calls import Call
 from cdc_pipeline.delivery.schedule.dispatch import deliver_in_order
 from cdc_pipeline.delivery.schedule.settle import Settler
 from cdc_pipeline.delivery.schedule.window import CallWindow
-from cdc_pipeline.delivery.staging import StageFailure, Stager
+from cdc_pipeline.delivery.staging import Stager
 from cdc_pipeline.delivery.stats import DeliveryStats
+from cdc_pipeline.delivery.turn import SendTurn
 from cdc_pipeline.postgres import session
 from cdc_pipeline.postgres.catalog import TableInfo
 from cdc_pipeline.sinks import build_sink
 from cdc_pipeline.sinks.base import Limits, OutboundMessage, Sink
 from cdc_pipeline.state import notify
 from cdc_pipeline.state.base import StateError
-from cdc_pipeline.state.store import LOG_ARROW_SCHEMA, Position, Store
-from cdc_pipeline.state.typed_log import TypedRun
-from cdc_pipeline.state.typed_rows import Columns, shapes_of
+from cdc_pipeline.state.store import Position, Store
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -64,28 +62,10 @@ __all__ = ["Deliverer", "DeliveryStats", "SinkBusy", "send_lock"]
 
 log = logging.getLogger(__name__)
 
-TURN_WAIT_SECONDS = 1.0  # a send waiting for a replay looks at its stop event this often
 # A window of several calls is let drain this often, so parked retries, a replay's turn, a change of lanes
 # and the run's time limit get in between sends (a window of one call drains after every call).
 HOUSEKEEPING_SECONDS = 1.0
 SETTLE_SECONDS = 0.2  # a wider window settles the calls done at its head this often (one state commit: a WAL flush)
-# A session's first block is at most this many log rows, and each next one twice the last, up to the load
-# size: sending starts as soon as the first is staged, and each block is loaded and staged while the one
-# before it is sent (staging costs about a third of what sending a row costs a webhook at 50,000 msgs/s).
-FIRST_BATCH = 1000
-
-
-@dataclass(frozen=True)
-class Staged:
-    """One micro-batch read from the log and through the stage, ready to send."""
-
-    batch: pa.Table
-    last: Position  # the batch's last log position: the offset once it is sent
-    out: pa.Table
-    failed: list[StageFailure]
-    shapes: dict[str, Columns] = field(default_factory=dict)  # typed reads' shapes, by backfill
-    run: TypedRun | None = None  # a run of typed reads to relay (state/typed_log.py): batch is empty
-    after: Position | None = None  # where the run starts
 
 
 SEND, AGAIN, STOP = object(), object(), object()  # what a step of the loop says: send a call, loop again, stop
@@ -96,8 +76,8 @@ class _Pass:
     """The loop's state over one session (Deliverer._loop and its steps)."""
 
     conn: psycopg.Connection  # the state connection: offsets, parking, the send lock
-    loader: psycopg.Connection  # reads and stages the next block meanwhile
-    pool: ThreadPoolExecutor
+    blocks: Blocks  # the log read ahead (reader.py)
+    turn: SendTurn  # the send lock, held while calls are out (turn.py)
     watch: notify.LogWatch | notify.Sleep  # woken when the drain commits new rows
     window: CallWindow
     stats: DeliveryStats
@@ -105,12 +85,8 @@ class _Pass:
     until_idle: bool
     seconds: float | None
     offset: Position  # settled
-    loaded: Position  # the end of the last block read
-    block: int  # the next block's size (FIRST_BATCH)
     backlog_due: float
     calls: deque[Call] = field(default_factory=deque)  # cut from the loaded block, not handed to the window yet
-    turn: bool = False  # the send lock is held while calls are outstanding (_turn)
-    ahead: Future[Staged] | None = None
     idle: bool = False
     settle_due: float = 0.0  # a wider window settles what is done this often
 
@@ -132,14 +108,6 @@ class Deliverer:
         self.sink = None if dry_run else (sink or build_sink(sink_config))
         self.limits = self.sink.limits() if self.sink is not None else Limits()  # what the sink takes at once
         self.batch_size = sink_config.batch_size or config.delivery.batch_size  # log rows per call to the sink
-        self.load_size = max(self.batch_size, MIN_LOAD)  # log rows per read and stage (schedule/calls.py)
-        # A sink that writes files (a lake table) gathers a trickle of changes: once a block reached the log's
-        # end, the next is read this long after it (sinks/base.py `gather_seconds`); a backlog goes at once.
-        self.gather = type(self.sink).gather_seconds(sink_config) if self.sink is not None else 0.0
-        # Typed reads go to the sink as typed rows only on the Arrow path of a sink that writes them as they
-        # are; everything else loads them as JSON (backfill/typed.py).
-        self.typed_rows = (self.sink is not None and sink_config.enrichment is None
-                           and takes_typed(config, sink_config, type(self.sink)))
         self.enricher = (Enricher(config.source.dsn, sink_config.enrichment, self._key_columns)
                          if sink_config.enrichment else None)  # enrichment.py
         self._stop = threading.Event()
@@ -153,7 +121,16 @@ class Deliverer:
         self.stager = Stager(spark, self.plan, sink_config, self.store, self.enricher, self._key_columns)
         self.parking = ParkingLot(sink_config, lane, self.store, self._live, self.stager, self.send,
                                   min(self.batch_size, RETRY_CHUNK))
-        self.relay = Relay(sink_config, lane, self.store, self.sink, self._live, self.offsets) if self.sink else None
+        relay = Relay(sink_config, lane, self.store, self.sink, self._live, self.offsets) if self.sink else None
+        # A sink that writes files (a lake table) gathers a trickle of changes: once a block reached the log's
+        # end, the next is read this long after it (sinks/base.py `gather_seconds`); a backlog goes at once.
+        gather = type(self.sink).gather_seconds(sink_config) if self.sink is not None else 0.0
+        # Typed reads go to the sink as typed rows only on the Arrow path of a sink that writes them as they
+        # are; everything else loads them as JSON (backfill/typed.py).
+        typed_rows = (self.sink is not None and sink_config.enrichment is None
+                      and takes_typed(config, sink_config, type(self.sink)))
+        self.reader = Reader(config, sink_config, self.store, self.stager, self.lane, relay, self.batch_size,
+                             typed_rows, gather, self._stop)  # reader.py
         self.settler = Settler(sink_config.name, self.parking, self.offsets, self._live)  # schedule/settle.py
 
     def stop(self) -> None:
@@ -167,41 +144,11 @@ class Deliverer:
         stats = DeliveryStats(self.lane.name)
         self.stats = stats  # read live by the metrics and /readyz (ops/)
         started = time.monotonic()
-        deadline = started + seconds if seconds is not None else None
         cfg = self.config.delivery
-        attempt = 0
-        sessions = 0
-        try:
-            while not self._stop.is_set():
-                before = (stats.delivered, stats.parked, stats.retried)
-                try:
-                    sessions += 1
-                    self._session(stats, started, until_idle, seconds, first=sessions == 1)
-                    break
-                except Exception as caught:
-                    # A state database error that came through the sink's code is the state database's.
-                    exc = caught.__cause__ if isinstance(caught, StateError) and caught.__cause__ else caught
-                    if until_idle or self.dry_run or not (transient(exc) or isinstance(exc, LockStillHeld)):
-                        if exc is caught:
-                            raise
-                        raise exc from None
-                    progressed = (stats.delivered, stats.parked, stats.retried) != before
-                    attempt = 1 if progressed else attempt + 1
-                    delay = next_delay_ms(attempt, cfg.retry_initial_ms, cfg.retry_max_ms) / 1000
-                    cause = " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
-                    stats.outage_retries += 1
-                    stats.waiting = cause
-                    what = "the state database" if isinstance(exc, psycopg.Error) else "the destination"
-                    log.warning("deliver: sink %s: waiting for %s: %s; retry %d in %.1f s", self.lane.name,
-                                what, cause, attempt, delay)
-                    self.offsets.record_waiting(cause)
-                    if deadline is not None and time.monotonic() + delay >= deadline:
-                        break  # a time-limited run ends waiting; the next one starts over
-                    if self._stop.wait(delay):
-                        break
-        finally:
-            if stats.outage_retries:
-                self.offsets.record_waiting(None)
+        ride_through(lambda first: self._session(stats, started, until_idle, seconds, first), stats, self.lane.name,
+                     (cfg.retry_initial_ms, cfg.retry_max_ms), self._stop,
+                     deadline=started + seconds if seconds is not None else None, one_off=until_idle or self.dry_run,
+                     record=self.offsets.record_waiting, also=(LockStillHeld,))
         stats.seconds = time.monotonic() - started
         return stats
 
@@ -257,12 +204,13 @@ class Deliverer:
         across blocks (schedule/window.py); settled in order, the offset following the settled prefix. Each turn:
         the housekeeping between windows (_between_windows), a block read when no call waits (_read), a call
         sent (_send)."""
-        window = CallWindow(self.send, self.limits.max_in_flight, 2 * self.load_size)
+        window = CallWindow(self.send, self.limits.max_in_flight, 2 * self.reader.load_size)
         with session.connect(self.config.state_dsn) as loader, ThreadPoolExecutor(1) as pool, \
                 notify.watching(self.config.state_dsn, self.config.state.schema_name, self._stop, not until_idle,
                                 f"cdc-pipeline deliver {self.lane.name} (listen)") as watch:
-            run = _Pass(conn, loader, pool, watch, window, stats, started, until_idle, seconds, offset, offset,
-                        block=min(FIRST_BATCH, self.load_size), backlog_due=time.monotonic() + backlog.CHECK_SECONDS)
+            turn = SendTurn(conn, self.lane.send_lock, self.lane.name, self._stop, locking=not self.dry_run)
+            run = _Pass(conn, Blocks(self.reader, loader, pool, offset), turn, watch, window, stats, started,
+                        until_idle, seconds, offset, backlog_due=time.monotonic() + backlog.CHECK_SECONDS)
             try:
                 while not self._stop.is_set():
                     if not len(window) and not self._between_windows(run):
@@ -279,20 +227,15 @@ class Deliverer:
                 raise
             finally:
                 window.close()
-                if run.ahead is not None:
-                    with suppress(Exception):
-                        run.ahead.result()  # let the loader finish before its connection closes
-                if run.turn:
-                    with suppress(psycopg.Error):  # an error on the way here is the one to report
-                        self._give_turn(conn)
+                run.blocks.close()
+                with suppress(psycopg.Error):  # an error on the way here is the one to report
+                    run.turn.give()
         return run.offset
 
     def _between_windows(self, run: _Pass) -> bool:
         """What may not happen while calls are out: the send lock let go (a replay's turn), the run's time
         limit, the backlog rule, a change of lanes, the parked messages due; False: stop."""
-        if run.turn:
-            self._give_turn(run.conn)
-            run.turn = False
+        run.turn.give()
         if run.seconds is not None and time.monotonic() - run.started >= run.seconds:
             return False
         if self.config.state.max_backlog_hours is not None and time.monotonic() >= run.backlog_due \
@@ -302,7 +245,7 @@ class Deliverer:
             return True
         if self.lane.superseded(run.conn):  # another process changes the sink's lanes
             return False
-        with self._turn(run.conn) as got:
+        with run.turn.around() as got:
             if got:
                 self.parking.retry_due(run.conn, run.stats)
         if not got:
@@ -318,22 +261,14 @@ class Deliverer:
         new_offset, resync = backlog.enforce(self.config, self.sink_config, self.store, run.conn, run.offset)
         run.conn.commit()
         if resync:
-            if run.ahead is not None:
-                run.ahead.result()  # staged from the old offset: dropped
-                run.ahead = None
+            run.blocks.restart(new_offset)
             run.calls.clear()
-            run.offset = run.loaded = new_offset
+            run.offset = new_offset
             self._resyncs += backlog.start_resync(self.config, self.sink_config, list(self.sink_config.tables))
 
     def _read(self, run: _Pass) -> object:
-        """The next block (prefetched while the last one was sent; each twice the last, FIRST_BATCH) cut into
-        calls; the next one's read started. SEND: calls wait; AGAIN: nothing to send yet; STOP."""
-        prefetched = run.ahead is not None
-        asked = run.block  # what this block was read for (a prefetch was asked this much too)
-        staged = run.ahead.result() if run.ahead is not None else self._load_and_stage(run.loader, run.loaded,
-                                                                                          run.block)
-        run.ahead = None
-        run.block = min(2 * run.block, self.load_size)
+        """The next block (reader.py) cut into calls. SEND: calls wait; AGAIN: nothing to send yet; STOP."""
+        staged, prefetched = run.blocks.next(run.until_idle, time.monotonic() - run.started, run.seconds)
         if staged.batch.num_rows == 0 and staged.run is None:
             return self._idle(run, prefetched)
         run.idle = False
@@ -342,12 +277,7 @@ class Deliverer:
             if not isinstance(relayed, Staged):
                 return relayed
             staged = relayed
-        else:
-            run.loaded = staged.last
-            wait = gather_wait(self.gather, staged.batch.num_rows, asked, run.until_idle,
-                               time.monotonic() - run.started, run.seconds)
-            run.ahead = run.pool.submit(self._load_and_stage, run.loader, run.loaded, run.block, wait=wait)
-        run.calls.extend(self._calls(staged))
+        run.calls.extend(self.reader.calls(staged))
         if self.dry_run:
             run.offset = self._dry_run(run.calls, run.stats) or run.offset
             return AGAIN
@@ -375,15 +305,11 @@ class Deliverer:
         loaded message by message (a fallback) to send as calls."""
         while len(run.window):
             run.settle(self.settler, block=True)
-        if run.turn:
-            self._give_turn(run.conn)
-            run.turn = False
-        with self._turn(run.conn) as got:
+        with run.turn.around() as got:
             if got:
-                run.offset, fallback = self._relay(run.conn, run.loader, staged, run.stats)
+                run.offset, fallback = run.blocks.relayed(run.conn, staged, run.stats)
         if not got:
             return STOP
-        run.loaded = staged.last
         return AGAIN if fallback is None else fallback
 
     def _send(self, run: _Pass) -> object:
@@ -393,10 +319,8 @@ class Deliverer:
         if not window.room(run.calls[0]):
             run.offset = self.settler.settle(run.conn, run.stats, window, window.make_room(run.calls[0]), run.offset)
             return AGAIN
-        if not run.turn:
-            if not self._take_turn(run.conn):
-                return STOP
-            run.turn = True
+        if not run.turn.take():
+            return STOP
         window.submit(run.calls.popleft())
         if window.width == 1 or time.monotonic() >= run.settle_due:  # a state commit per call would be the limit
             run.settle(self.settler, block=False)
@@ -405,99 +329,6 @@ class Deliverer:
             while len(window):  # let retries, a replay's turn and a change of lanes in
                 run.settle(self.settler, block=True)
         return AGAIN
-
-    def _take_turn(self, conn: psycopg.Connection) -> bool:
-        """The sink's send lock: a replay holds it for its whole run (delivery/replay.py), so its old versions
-        never land between live ones. False: stopped while a replay held it."""
-        if self.dry_run:
-            return True
-        waited = False
-        while not session.wait_lock(conn, self.lane.send_lock, TURN_WAIT_SECONDS):
-            if self._stop.is_set():
-                return False
-            if not waited:
-                log.info("sink %s: waiting for a replay of this sink to finish", self.lane.name)
-                waited = True
-        return True
-
-    def _give_turn(self, conn: psycopg.Connection) -> None:
-        if self.dry_run:
-            return
-        if conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
-            conn.rollback()
-        session.unlock(conn, self.lane.send_lock)
-        conn.commit()
-
-    @contextmanager
-    def _turn(self, conn: psycopg.Connection) -> Iterator[bool]:
-        """The send lock around one send (_take_turn). False: stopped while a replay held it."""
-        if not self._take_turn(conn):
-            yield False
-            return
-        try:
-            yield True
-        except BaseException:
-            with suppress(psycopg.Error):  # the send's own error is the one to report
-                self._give_turn(conn)
-            raise
-        self._give_turn(conn)
-
-    def _load_and_stage(self, conn: psycopg.Connection, offset: Position, size: int, exact: bool = False,
-                        wait: float = 0.0) -> Staged:
-        """The next block after ``offset``: for a sink that takes typed rows, the run at the head of its log
-        (a typed run is only described here, and relayed when sent; at most the sink's batch size); else up to
-        ``size`` log rows (``exact``: those, whatever they hold); read ``wait`` seconds from now (or at a stop)."""
-        if wait:
-            self._stop.wait(wait)
-        if not exact and self.typed_rows and not self.lane.filters:  # a relayed run is not split in lanes
-            run = self.store.head_run(conn, self.sink_config.tables, offset, min(size, self.batch_size),
-                                      self.sink_config.name)
-            conn.commit()
-            if run is None:
-                return Staged(LOG_ARROW_SCHEMA.empty_table(), offset, empty_output(), [])
-            if run.typed:
-                return Staged(LOG_ARROW_SCHEMA.empty_table(), run.last, empty_output(), [], run=run, after=offset)
-            size = run.count
-        batch = self.store.load_batch(conn, self.sink_config.tables, offset, size,
-                                      sink=self.sink_config.name, max_bytes=self.config.delivery.batch_bytes,
-                                      typed=self.typed_rows)
-        schemas = self.stager.schemas(conn) if batch.num_rows else {}
-        shapes = shapes_of(conn, self.config.state.schema_name, batch) if self.typed_rows else {}
-        conn.commit()
-        if batch.num_rows == 0:
-            return Staged(batch, offset, empty_output(), [])
-        last: Position = (batch.column("commit_lsn")[-1].as_py(), batch.column("commit_idx")[-1].as_py())
-        out, stage_failed = self.stager.stage(batch, schemas)
-        return Staged(batch, last, out, stage_failed, shapes)
-
-    def _relay(self, conn: psycopg.Connection, source: psycopg.Connection, staged: Staged,
-               stats: DeliveryStats) -> tuple[Position, Staged | None]:
-        """Relay a typed run read from ``source`` (its COPY holds that connection until the sink has applied
-        it): (the offset, None) when done; else the run loaded message by message, to send as a batch."""
-        assert staged.run is not None and self.relay is not None
-        after = staged.after or (0, -1)
-        if self.relay.relay(conn, source, staged.run, after, stats):
-            return staged.last, None
-        # Rejected, or a parked group: the run message by message, which finds the read at fault or holds
-        # the group's reads behind the parked one (schedule/order.py).
-        fallback = self._load_and_stage(conn, after, staged.run.count, exact=True)
-        if fallback.batch.num_rows == 0:  # retention trimmed it meanwhile
-            return fallback.last, None
-        return after, fallback
-
-    def _calls(self, staged: Staged) -> list[Call]:
-        """A staged block cut into the sink's calls (schedule/calls.py), each holding this lane's messages only."""
-        batch = staged.batch
-        positions = list(zip(batch.column("commit_lsn").to_pylist(), batch.column("commit_idx").to_pylist(),
-                             strict=True))
-        stamps = batch.column("commit_ts")
-        calls = cut(positions, lambda i: stamps[i].as_py(), messages_from(staged.out, staged.shapes),
-                    staged.failed, self.batch_size)
-        if self.lane.filters:  # every lane reads every row: lane 0 counts those none sends
-            for c in calls:
-                c.messages, c.stage_failed = self.lane.mine(c.messages, c.stage_failed)
-                c.filtered = c.filtered if self.lane.lane == 0 else 0
-        return calls
 
     def _dry_run(self, calls: deque[Call], stats: DeliveryStats) -> Position | None:
         """Print the calls' messages instead of sending them; nothing is settled. The last position printed."""

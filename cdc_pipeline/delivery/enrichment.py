@@ -139,8 +139,12 @@ class Enricher:
             try:
                 if self._conn is None or self._conn.closed:
                     self._conn = _connect(self.dsn, self.cfg.statement_timeout_ms)
-                texts = [r[0] for r in self._conn.execute(_wrapped(self.cfg.sql),
-                                                          key_params(distinct, len(columns))).fetchall()]
+                # Each query its own read-only transaction: the session's default is not enough, since a
+                # query may change it (set_config is no write) for the queries after it.
+                with self._conn.transaction():
+                    self._conn.execute("SET TRANSACTION READ ONLY")
+                    texts = [r[0] for r in self._conn.execute(_wrapped(self.cfg.sql),
+                                                              key_params(distinct, len(columns))).fetchall()]
             except psycopg.Error as exc:
                 self.close()
                 raise EnrichmentUnavailable(f"enrichment query of {self.cfg.table} failed: "

@@ -14,14 +14,21 @@ waited for, and which are a message's own and count against its `max_retries`.
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import psycopg
 
+from cdc_pipeline.core.backoff import next_delay_ms
 from cdc_pipeline.core.positions import Position
 from cdc_pipeline.delivery.schedule.order import HELD
+from cdc_pipeline.delivery.stats import DeliveryStats
 from cdc_pipeline.sinks.base import SinkUnavailable, Unreachable
+from cdc_pipeline.state.base import StateError
+
+log = logging.getLogger("cdc_pipeline.delivery.engine")  # the delivery's own log, as its other parts
 
 # SQLSTATE classes that heal by themselves: connection exception, insufficient resources, operator
 # intervention (shutdown, cancel), system error, transaction rollback.
@@ -83,3 +90,45 @@ class Liveness:
     def forget(self, positions: Sequence[Position]) -> None:
         for p in positions:
             self._tried.pop(p, None)
+
+
+def ride_through(session: Callable[[bool], None], stats: DeliveryStats, name: str, retry_ms: tuple[int, int],
+                 stop: threading.Event, deadline: float | None, one_off: bool,
+                 record: Callable[[str | None], None], also: tuple[type[Exception], ...] = ()) -> None:
+    """Run ``session(first)`` until it returns, riding through outages: a `transient` failure of the
+    destination or the state database (or one of ``also``) is waited for with capped backoff (``retry_ms``:
+    initial, max; from the first again once a session made progress), logged and recorded for `status`
+    (``record``); the next session resumes from the committed offset. Anything else, or any failure of a
+    ``one_off`` run (a catch-up), is raised. Waiting ends at ``deadline`` or a stop."""
+    attempt = 0
+    first = True
+    try:
+        while not stop.is_set():
+            before = (stats.delivered, stats.parked, stats.retried)
+            try:
+                session(first)
+                return
+            except Exception as caught:
+                # A state database error that came through the sink's code is the state database's.
+                exc = caught.__cause__ if isinstance(caught, StateError) and caught.__cause__ else caught
+                if one_off or not (transient(exc) or isinstance(exc, also)):
+                    if exc is caught:
+                        raise
+                    raise exc from None
+            first = False
+            progressed = (stats.delivered, stats.parked, stats.retried) != before
+            attempt = 1 if progressed else attempt + 1
+            delay = next_delay_ms(attempt, *retry_ms) / 1000
+            cause = " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
+            stats.outage_retries += 1
+            stats.waiting = cause
+            what = "the state database" if isinstance(exc, psycopg.Error) else "the destination"
+            log.warning("deliver: sink %s: waiting for %s: %s; retry %d in %.1f s", name, what, cause, attempt, delay)
+            record(cause)
+            if deadline is not None and time.monotonic() + delay >= deadline:
+                break  # a time-limited run ends waiting; the next one starts over
+            if stop.wait(delay):
+                break
+    finally:
+        if stats.outage_retries:
+            record(None)

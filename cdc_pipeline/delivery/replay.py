@@ -24,7 +24,8 @@ from cdc_pipeline.config import ConfigError, PipelineConfig, redact
 from cdc_pipeline.config.base import qualify
 from cdc_pipeline.core.lanes import lane_name, lane_of, parking_group, position_key
 from cdc_pipeline.core.positions import START, Position
-from cdc_pipeline.delivery.engine import Deliverer, messages_from, send_lock
+from cdc_pipeline.delivery.engine import Deliverer, send_lock
+from cdc_pipeline.delivery.parking import messages_from
 from cdc_pipeline.delivery.plan import SinkPlan
 from cdc_pipeline.delivery.schedule.order import position_of
 from cdc_pipeline.postgres import session
@@ -104,7 +105,7 @@ def replay(config: PipelineConfig, sink_name: str, start: datetime, end: datetim
         assert target is not None
         target.open()
         try:
-            # Live delivery of the sink sends nothing until the replay is done (engine.Deliverer._turn), so
+            # Live delivery of the sink sends nothing until the replay is done (delivery/turn.py), so
             # the offsets read now stay put and no live send lands between the replay's. A sink with lanes
             # (core/lanes.py) is replayed lane by lane, each up to its own offset.
             split, generation, _ = SinkLanes(config.state.schema_name).split(conn, sink_name)

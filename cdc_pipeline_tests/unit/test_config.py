@@ -238,6 +238,15 @@ def test_same_table_twice_in_a_sink() -> None:
     assert config_error(text) == "cdc.yaml: sinks[0].tables[1]: table 'public.orders' is listed twice"
 
 
+@pytest.mark.parametrize("kind", ["delta", "iceberg"])
+def test_a_lake_sink_takes_no_route(kind: str) -> None:
+    where = "path: /lake" if kind == "delta" else "warehouse: file:///lake"
+    text = with_sink(f"{{type: {kind}, {where}}}", extra="    route: \"'elsewhere'\"\n")
+    assert config_error(text) == (f"cdc.yaml: sinks[0].route: a {kind} sink writes each source table to its own "
+                                  "lake table (destination.table's pattern) and takes no route: remove the key")
+    parse_config(with_sink("{type: parquet, path: p}", extra="    route: \"'elsewhere'\"\n"), "cdc.yaml", {})
+
+
 def test_postgres_destination_table_is_qualified() -> None:
     dest = (
         parse_config(with_sink("{type: postgres, dsn: d, table: mirror_orders, mode: append}"), "c", {})

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cdc_pipeline.delivery.schedule.calls import gather_wait
+from cdc_pipeline.delivery.reader import gather_wait
 from cdc_pipeline.sinks.lake import values
 from cdc_pipeline.sinks.lake.effects import Change, reduce
 from cdc_pipeline.sinks.lake.position import (

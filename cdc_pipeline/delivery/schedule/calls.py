@@ -67,12 +67,3 @@ def _index(lasts: Sequence[Position], position: Position) -> int:
         raise ValueError(f"position {position[0]}:{position[1]} is past the batch (last {lasts[-1][0]}:{lasts[-1][1]})")
     return i
 
-
-def gather_wait(gather: float, got: int, asked: int, until_idle: bool, elapsed: float, seconds: float | None) -> float:
-    """How long the next block waits to be read, for a sink that gathers (`gather_seconds`): `gather` after a
-    block of fewer log rows than asked (the log's end was reached), within the run's `seconds`; nothing for a
-    one-off catch-up (`until_idle`) or after a full block (a backlog)."""
-    if not gather or until_idle or got >= asked:
-        return 0.0
-    left = seconds - elapsed if seconds is not None else gather
-    return max(0.0, min(gather, left))

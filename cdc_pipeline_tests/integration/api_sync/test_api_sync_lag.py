@@ -12,9 +12,11 @@ import time
 from cdc_pipeline.api_sync import lag
 from cdc_pipeline.api_sync.loop import ApiSync
 from cdc_pipeline_tests.api_fakes import FakeApi
+from cdc_pipeline_tests.helpers import wait_until
 from cdc_pipeline_tests.integration.api_sync.test_api_sync import api_config, rest_source
 
 NAMES = ["a", "b", "c", "d", "e"]
+LOAD_SLACK_SECONDS = 3.0  # what a loaded 2-core machine may add to a lag measured in seconds
 
 
 def test_max_lag_with_five_collections_matches_the_computed_figure(source_db, write_config, monkeypatch):
@@ -31,13 +33,13 @@ def test_max_lag_with_five_collections_matches_the_computed_figure(source_db, wr
         runner = threading.Thread(target=sync.run, kwargs={"seconds": 600})
         runner.start()
         armed: dict[str, float] = {}
-        made: dict[str, tuple[int, float]] = {}
+        made: dict[str, tuple[int, float, int]] = {}
 
         def after_request(collection: str) -> None:  # just after a poll of `collection` was answered
             if collection in armed:
                 value = int(armed.pop(collection))
                 api.put(collection, "1", v=value)
-                made[collection] = (value, time.monotonic())
+                made[collection] = (value, time.monotonic(), len(api.data_log()))
 
         try:
             deadline = time.monotonic() + 60 * window
@@ -51,13 +53,16 @@ def test_max_lag_with_five_collections_matches_the_computed_figure(source_db, wr
             for k in range(samples):
                 name = NAMES[k % len(NAMES)]
                 armed[name] = k + 1
-                while name not in made:
-                    time.sleep(0.01)
-                value, t0 = made.pop(name)
-                while source_db.execute(f"SELECT v FROM lag.{name} WHERE id = '1'")[0][0] != value:
-                    assert time.monotonic() - t0 < 10 * window
-                    time.sleep(0.02)
+                wait_until(lambda n=name: n in made, 60 * window, f"a poll of {name}")
+                value, t0, n0 = made.pop(name)
+                query = f"SELECT v FROM lag.{name} WHERE id = '1'"
+                wait_until(lambda q=query, v=value: source_db.execute(q)[0][0] == v, 10 * window,
+                           f"the change to {name}")
                 lags.append(time.monotonic() - t0)
+                # The schedule, whatever the machine's load: the change came with the collection's next poll,
+                # after one poll of each other collection.
+                after = [e.collection for e in api.data_log()[n0:]]
+                assert sorted(after[:after.index(name)]) == sorted(set(NAMES) - {name}), after
         finally:
             sync.stop()
             runner.join(30)
@@ -70,9 +75,11 @@ def test_max_lag_with_five_collections_matches_the_computed_figure(source_db, wr
         # The figure counts a delete-check page per round (REST); no check ran here: five polls a round.
         assert computed == round(6 * interval, 3)
         steady = 5 * interval
-        assert abs(max(lags) - steady) <= 0.2 * steady
-        assert all(x <= 1.2 * steady for x in lags)
-        assert observed is not None and abs(observed - steady) <= 0.2 * steady
+        # Never sooner than the budget allows; later only by what a loaded machine adds (a generous bound:
+        # the schedule itself is checked in requests above).
+        slack = LOAD_SLACK_SECONDS + 0.2 * steady
+        assert 0.8 * steady <= max(lags) and all(x <= steady + slack for x in lags), lags
+        assert observed is not None and 0.8 * steady <= observed <= steady + slack
 
 
 def test_a_delete_sweep_does_not_starve_polling(source_db, write_config, monkeypatch):

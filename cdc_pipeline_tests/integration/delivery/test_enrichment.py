@@ -4,6 +4,7 @@ byte-identical on the Spark and Arrow paths; a failing query is an outage (waite
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from cdc_pipeline.delivery.plan import SinkPlan
 from cdc_pipeline.delivery.spark_stage import run_stage
 from cdc_pipeline.state.store import Store
 from cdc_pipeline_tests.conftest import Database
-from cdc_pipeline_tests.helpers import drain
+from cdc_pipeline_tests.helpers import drain, wait_until
 from cdc_pipeline_tests.kafka_broker import TansuBroker, broker
 
 ENRICH = ("SELECT o.id, c.name AS customer_name, c.tier, c.since FROM public.orders o "
@@ -121,7 +122,15 @@ def test_broken_query_is_an_outage_and_check_reports_it(
         assert conn.execute("SELECT coalesce(max(delivered), 0) FROM cdc_pipeline.sink_offsets").fetchone() == (0,)
     # A long-running delivery waits for it and records why; fixed, it delivers everything.
     waiting = Deliverer(config, config.sink("orders"), spark)
-    stats = waiting.run(until_idle=False, seconds=3)
+    runs: list[Any] = []
+    thread = threading.Thread(target=lambda: runs.append(waiting.run(until_idle=False, seconds=120)))
+    thread.start()
+    try:  # a condition, not a 3 s run that a loaded machine may spend before its first attempt
+        wait_until(lambda: waiting.stats is not None and waiting.stats.outage_retries >= 1, 60, "a retry")
+    finally:
+        waiting.stop()
+        thread.join(60)
+    [stats] = runs
     assert stats.outage_retries >= 1 and stats.delivered == 0
     fixed = make_config(source_db, write_config, kafka.bootstrap, name="fixed.yaml")
     stats = Deliverer(fixed, fixed.sink("orders"), spark).run(until_idle=True)

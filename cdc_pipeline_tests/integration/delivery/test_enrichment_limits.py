@@ -68,6 +68,25 @@ def test_a_query_that_writes_fails_clearly_and_writes_nothing(
         assert source_db.execute("SELECT is_called FROM public.seen") == [(False,)], what
 
 
+def test_a_query_cannot_turn_read_only_off_for_the_next_one(
+        source_db: Database, write_config: Callable[..., PipelineConfig]) -> None:
+    """A query may change its session's settings (set_config is no write): the session's default turned
+    read-write by one batch's query, the next query still runs read-only (each its own read-only transaction)."""
+    source_db.execute("CREATE SEQUENCE public.seen")
+    config, batch = _logged(source_db, write_config)
+    enricher = _of(config, "SELECT o.id, set_config('default_transaction_read_only', 'off', false) AS flipped "
+                           "FROM public.orders o WHERE o.id = ANY($1)")
+    try:
+        enricher.enrich(batch)
+        enricher.cfg = enricher.cfg.model_copy(update={
+            "sql": "SELECT o.id, nextval('public.seen') AS n FROM public.orders o WHERE o.id = ANY($1)"})
+        with pytest.raises(EnrichmentUnavailable, match="read-only transaction"):
+            enricher.enrich(batch)
+    finally:
+        enricher.close()
+    assert source_db.execute("SELECT is_called FROM public.seen") == [(False,)]
+
+
 def test_a_slow_query_is_cut_at_its_timeout(source_db: Database, write_config: Callable[..., PipelineConfig]) -> None:
     config, batch = _logged(source_db, write_config)
     enricher = _of(config, "SELECT o.id, pg_sleep(30) IS NULL AS slept FROM public.orders o "

@@ -1,4 +1,4 @@
-"""A delivery session's first block is short (engine.FIRST_BATCH) and each next one twice the last, up to
+"""A delivery session's first block is short (reader.FIRST_BATCH) and each next one twice the last, up to
 `delivery.batch_size`: sending starts once the first is staged, each next block is loaded and staged while
 the one before it is sent; everything still arrives, in order."""
 
@@ -9,7 +9,7 @@ from typing import Any
 
 from cdc_pipeline.admin.setup import setup
 from cdc_pipeline.config import PipelineConfig
-from cdc_pipeline.delivery.engine import FIRST_BATCH
+from cdc_pipeline.delivery.reader import FIRST_BATCH
 from cdc_pipeline_tests.conftest import Database
 from cdc_pipeline_tests.helpers import assert_mirrored, deliver, drain, mirror_config
 

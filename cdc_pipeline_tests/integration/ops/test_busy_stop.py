@@ -26,7 +26,7 @@ from cdc_pipeline_tests.conftest import Database
 from cdc_pipeline_tests.helpers import mirror_config, wait_until
 from cdc_pipeline_tests.integration.delivery.test_delivery_outage import _config, _log
 from cdc_pipeline_tests.integration.sinks.test_webhook_window import Counting
-from cdc_pipeline_tests.integration.sinks.test_webhook_window_cli import _offset, _position
+from cdc_pipeline_tests.integration.sinks.test_webhook_window_cli import _offset, _position, answer_then_hold
 from cdc_pipeline_tests.processes import CLI
 
 WINDOW = 10
@@ -143,19 +143,8 @@ def test_deliver_stopped_mid_batch_with_a_full_window(
         source_db.execute("INSERT INTO t SELECT g, 0 FROM generate_series(1, 100) g")
         helpers.drain(config)
         log_keys = _log(config)
-        release = threading.Event()
-        answered = {"n": 0}
-        lock = threading.Lock()
-
-        def first_30_then_hold(h: dict[str, str], b: bytes) -> tuple[int, bytes, float]:
-            with lock:
-                answered["n"] += 1
-                hold = answered["n"] > 30
-            if hold:  # outstanding until the test lets go (after the signal): then acknowledged
-                release.wait(120)
-            return 200, b"{}", 0.0
-
-        receiver.behaviour = first_30_then_hold
+        release = threading.Event()  # the held calls are acknowledged once the test lets go (after the signal)
+        receiver.behaviour, answered = answer_then_hold(30, release)
         port = receiver.server.server_address[1]
         log = tmp_path / "deliver.log"
         proc = _start(config, log, "deliver", "--sink", "hook")

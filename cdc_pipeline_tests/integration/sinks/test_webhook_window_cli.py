@@ -34,6 +34,25 @@ def _offset(config: PipelineConfig) -> tuple[int, int]:
     return (int(row[0]), int(row[1])) if row else (0, -1)
 
 
+def answer_then_hold(first: int, release: threading.Event, then: int = 200
+                     ) -> tuple[Callable[[dict[str, str], bytes], tuple[int, bytes, float]], dict[str, int]]:
+    """A receiver's behaviour: the first ``first`` requests answered 200 at once, every later one held
+    until ``release`` and then answered ``then``; and the count of requests received (``["n"]``)."""
+    answered = {"n": 0}
+    lock = threading.Lock()
+
+    def behaviour(h: dict[str, str], b: bytes) -> tuple[int, bytes, float]:
+        with lock:
+            answered["n"] += 1
+            hold = answered["n"] > first
+        if not hold:
+            return 200, b"{}", 0.0
+        release.wait(300)
+        return then, (b"{}" if then < 300 else b"gone"), 0.0
+
+    return behaviour, answered
+
+
 def _position(key: str) -> tuple[int, int]:
     lsn, _, idx = key.partition(":")
     return int(lsn), int(idx)
@@ -63,20 +82,8 @@ def test_sigkill_with_a_full_window_outstanding_loses_nothing(
         assert len(log) == 3 * ROWS
 
         release = threading.Event()
-        answered = {"n": 0}
-        lock = threading.Lock()
-
-        def first_150_then_hang(h: dict[str, str], b: bytes) -> tuple[int, bytes, float]:
-            with lock:
-                answered["n"] += 1
-                ok = answered["n"] <= 150
-            if ok:
-                return 200, b"{}", 0.0
-            # Outstanding until the test lets go, and never an acknowledgement: its sender is dead by then.
-            release.wait(300)
-            return 503, b"gone", 0.0
-
-        receiver.behaviour = first_150_then_hang
+        # Outstanding until the test lets go, and never an acknowledgement: its sender is dead by then.
+        receiver.behaviour, answered = answer_then_hold(150, release, 503)
         proc = subprocess.Popen([CLI, "--config", str(config.path), "deliver", "--sink", "hook", "--seconds", "600"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
         try:
