@@ -176,4 +176,6 @@ def findings(conn: psycopg.Connection, config: PipelineConfig) -> list[Finding]:
                     "superuser may), so schema changes are seen by comparing each RELATION message with the "
                     "columns known before. It cannot see a rename (a renamed column, or an added one whose "
                     "existing rows hold a default, is read again by a backfill of the table) nor a USING clause "
-                    "(a type change is applied as a cast). Fix: have a superuser run `cdc-pipeline setup`")]
+                    "(a type change is applied as a cast), nor a partition ATTACHed with rows (PostgreSQL decodes "
+                    "none of them: run `cdc-pipeline backfill <parent>` after attaching one). Fix: have a superuser "
+                    "run `cdc-pipeline setup`")]

@@ -165,6 +165,9 @@ def schema_change_lines(changes: dict[str, dict[str, Any]]) -> list[str]:
     for table, c in changes.items():
         lines.append(f"table {table}: last schema change at {c.get('at')}: {c.get('summary')}"
                      + (f"; its rows read again ({c['reread']})" if c.get("reread") else ""))
+        if blocked := c.get("reread_blocked"):
+            lines.append(f"FINDING: {table}: its rows must be read again ({blocked.get('why')}) and no backfill "
+                         f"could be started ({blocked.get('error')}). Fix: `{blocked.get('fix')}`")
         if c.get("renamed_to"):
             lines.append(f"FINDING: {table} was renamed to {c['renamed_to']} at the source: its changes are still "
                          f"logged as {table}. Fix: name it {c['renamed_to']} in cdc.yaml (tables and sinks' tables), "

@@ -1,7 +1,7 @@
 """Reading a backfill's pages from the source and staging them in the state database.
 
-One page: the low watermark (its own transaction), then in one REPEATABLE READ transaction
-``pg_current_snapshot()`` and the keyset select under ``SET LOCAL statement_timeout``, its rows staged
+One page: the low watermark (its own transaction), then in one REPEATABLE READ transaction the table
+locked (before the snapshot: see ``PageReader._lock``), ``pg_current_snapshot()`` and the keyset select under ``SET LOCAL statement_timeout``, its rows staged
 with the snapshot and the page's cursor; then the high watermark. When the state lives in the source
 database, reading and staging are one ``INSERT ... SELECT`` (the rows never leave the server); otherwise
 they are streamed binary ``COPY TO`` -> ``COPY FROM``, a block at a time, without being decoded (only the
@@ -179,14 +179,20 @@ class PageReader:
     max_query_ms: int
     typed: Columns | None = None  # the backfill's typed shape, if it reads typed rows (backfill/typed.py)
 
-    def _page_shape(self, src: psycopg.Connection) -> Columns | None:
-        """In the page's transaction: the typed shape if the table still has it, else None (a JSON page).
-        The table is locked first (as the select would), so no ALTER TABLE lands between this look at the
-        catalog and the select: a page never reads columns its typed shape does not name."""
-        if self.typed is None:
-            return None
+    def _lock(self, src: psycopg.Connection) -> None:
+        """The page transaction's first statement, before its snapshot (LOCK takes none): the table locked as
+        the select would lock it. An ALTER TABLE that rewrites the table (a type change) and commits between
+        the snapshot and the select would leave the select an empty table (the rewritten rows are the ALTER's,
+        newer than the snapshot: not MVCC-safe), and the page would end the backfill early; and no ALTER TABLE
+        lands between the typed shape's look at the catalog and the select."""
         src.execute(sql.SQL("LOCK TABLE {} IN ACCESS SHARE MODE").format(
             sql.Identifier(self.shape.schema, self.shape.name)))
+
+    def _page_shape(self, src: psycopg.Connection) -> Columns | None:
+        """In the page's transaction, once locked (``_lock``): the typed shape if the table still has it, else
+        None (a JSON page): a page never reads columns its typed shape does not name."""
+        if self.typed is None:
+            return None
         if typed_columns(src, self.shape.schema, self.shape.name, self.shape.generated) != self.typed:
             return None
         # Text output must read back as the same value wherever it is parsed (session.JSON_OPTIONS sets the
@@ -208,6 +214,7 @@ class PageReader:
             # The state lives in the source database: read and stage in one statement, in the
             # page's own transaction, so the rows never leave the server.
             with src.transaction():
+                self._lock(src)
                 snap, read_at = src.execute("SELECT pg_current_snapshot()::text, now()").fetchone()  # type: ignore[misc]
                 self._prepare(src)
                 select = page_sql(src, self.shape, bid, page_no, cursor, self.spec.start, self.spec.end, size,
@@ -229,6 +236,7 @@ class PageReader:
         # process only counts chunks. The page's time includes staging, as above.
         before = last = b""
         with state.transaction(), src.transaction():
+            self._lock(src)
             snap, read_at = src.execute("SELECT pg_current_snapshot()::text, now()").fetchone()  # type: ignore[misc]
             self._prepare(src)
             select = page_sql(src, self.shape, bid, page_no, cursor, self.spec.start, self.spec.end, size,

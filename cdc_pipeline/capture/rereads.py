@@ -24,6 +24,7 @@ def register(config: PipelineConfig, source: psycopg.Connection, tables: dict[st
     `cdc-pipeline backfill TABLE`, reads the rows."""
     from cdc_pipeline.backfill.request import BackfillRequest, resolve, table_shape
     from cdc_pipeline.state.backfills import BackfillError, BackfillStore
+    from cdc_pipeline.state.relations import record_reread_blocked
 
     store = BackfillStore(config.state.schema_name)
     origin = f"{ORIGIN} {int_to_lsn(lsn)}"
@@ -40,6 +41,9 @@ def register(config: PipelineConfig, source: psycopg.Connection, tables: dict[st
             except BackfillError as exc:
                 log.warning("schema change of %s (%s): its rows must be read again, but no backfill could be "
                             "started (%s): run `cdc-pipeline backfill %s`", table, why, exc, table)
+                # A finding in `status` and the sink assets' metadata until such a backfill completes.
+                table_schema, _, name = table.partition(".")
+                record_reread_blocked(state, config.state.schema_name, table_schema, name, why, str(exc))
                 continue
             log.warning("schema change of %s (%s): reading its rows again (backfill for its sinks)", table, why)
             done.append(table)

@@ -87,7 +87,9 @@ def sink_figures(pipeline: PipelineConfig, sink: SinkConfig) -> dict[str, Any]:
         delivered = store.delivered_total(conn, sink.name)
         parked = store.failed_summary(conn, sink.name)
         changes = relations.schema_changes(conn, pipeline.state.schema_name)  # capture/schema_changes.py
-    last = "; ".join(f"{t}: {c.get('summary')} (at {c.get('at')})" for t, c in changes.items() if t in sink.tables)
+    last = "; ".join(f"{t}: {c.get('summary')} (at {c.get('at')})" + (
+        f" FINDING: its rows must be read again and no backfill could be started: run `{c['reread_blocked']['fix']}`"
+        if c.get("reread_blocked") else "") for t, c in changes.items() if t in sink.tables)
     return {"offset": f"{offset[0]}:{offset[1]}", "offset_lsn": position_lsn_text(offset), "lag_messages": backlog,
             "lag_seconds": round(age or 0.0, 3), "delivered_total": delivered,
             **parked, "backlog_error": backlog_problem(pipeline, sink, age),

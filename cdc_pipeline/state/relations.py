@@ -82,10 +82,27 @@ def record_schema_change(conn: psycopg.Connection, schema: str, table_schema: st
     ).format(sql.Identifier(schema)), (table_schema, table_name, Jsonb(change)))
 
 
+def record_reread_blocked(conn: psycopg.Connection, schema: str, table_schema: str, table_name: str,
+                          why: str, error: str) -> None:
+    """A re-read the table's last schema change needs could not be started (rereads.py): kept until a full
+    backfill of the table registered after it completes (``schema_changes``)."""
+    conn.execute(sql.SQL(
+        "UPDATE {}.relations SET last_schema_change = coalesce(last_schema_change, '{{}}') || jsonb_build_object("
+        "'reread_blocked', jsonb_build_object('why', %s::text, 'error', %s::text, 'since', now(), "
+        "'fix', format('cdc-pipeline backfill %%s', %s::text))) WHERE table_schema = %s AND table_name = %s"
+    ).format(sql.Identifier(schema)), (why, error, f"{table_schema}.{table_name}", table_schema, table_name))
+
+
 def schema_changes(conn: psycopg.Connection, schema: str) -> dict[str, dict[str, object]]:
-    """Each table's ("schema.table") last schema change, for the tables that had one."""
-    rows = conn.execute(sql.SQL("SELECT table_schema || '.' || table_name, last_schema_change FROM {}.relations "
-                                "WHERE last_schema_change IS NOT NULL").format(sql.Identifier(schema))).fetchall()
+    """Each table's ("schema.table") last schema change, for the tables that had one; a blocked re-read
+    (``reread_blocked``) only while no full backfill of the table registered after it has completed."""
+    rows = conn.execute(sql.SQL(
+        "SELECT r.table_schema || '.' || r.table_name, CASE WHEN EXISTS (SELECT 1 FROM {s}.backfills b "
+        "WHERE r.last_schema_change ? 'reread_blocked' AND b.table_schema = r.table_schema "
+        "AND b.table_name = r.table_name AND b.status = 'completed' AND b.start_value IS NULL "
+        "AND b.end_value IS NULL AND b.created_at > (r.last_schema_change #>> '{{reread_blocked,since}}')::timestamptz) "
+        "THEN r.last_schema_change - 'reread_blocked' ELSE r.last_schema_change END "
+        "FROM {s}.relations r WHERE r.last_schema_change IS NOT NULL").format(s=sql.Identifier(schema))).fetchall()
     return {r[0]: r[1] for r in rows}
 
 

@@ -8,13 +8,17 @@ from __future__ import annotations
 import signal
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 
 from cdc_pipeline.admin.check import check
 from cdc_pipeline.admin.setup import setup
+from cdc_pipeline.admin.status import collect, render
 from cdc_pipeline.config import PipelineConfig
+from cdc_pipeline.defs.health import sink_figures
+from cdc_pipeline.state.backfills import BackfillSpec, BackfillStore
 from cdc_pipeline_tests.conftest import Database
 from cdc_pipeline_tests.evolving import (
     Writers,
@@ -25,7 +29,7 @@ from cdc_pipeline_tests.evolving import (
     processes,
     source_records,
 )
-from cdc_pipeline_tests.helpers import assert_mirrored, mirror_config, wait_until
+from cdc_pipeline_tests.helpers import assert_mirrored, deliver, mirror_config, sync, wait_until
 
 # Two levels: 'eu' is itself partitioned by id range; 'us' and the default partition are leaves.
 PARTITIONED = """
@@ -114,3 +118,66 @@ def test_a_partition_beside_its_parent_is_an_error(source_db: Database, db_facto
     config = write_config(mirror_config(source_db.dsn, dest.dsn, ["public.ev", partition]))
     errors = [str(f) for f in check(config, sinks=False) if f.level == "error"]
     assert any(partition in e and "twice" in e for e in errors), errors
+
+
+ATTACHABLE = """
+CREATE TABLE public.at (id integer NOT NULL, region text NOT NULL, v integer, PRIMARY KEY (id, region))
+    PARTITION BY LIST (region);
+CREATE TABLE public.at_eu PARTITION OF public.at FOR VALUES IN ('eu');
+"""
+
+
+def _attach_with_rows(db: Database, region: str) -> None:
+    """A table filled on its own, then attached: PostgreSQL decodes none of its rows; changes follow."""
+    db.execute(f"CREATE TABLE public.at_{region} (LIKE public.at INCLUDING ALL); "  # noqa: S608 - test constants
+               f"INSERT INTO public.at_{region} SELECT g, '{region}', g FROM generate_series(1, 40) g; "
+               f"ALTER TABLE public.at ATTACH PARTITION public.at_{region} FOR VALUES IN ('{region}'); "
+               f"INSERT INTO public.at VALUES (100, '{region}', 0); "
+               f"UPDATE public.at SET v = -1 WHERE id = 7 AND region = '{region}'")
+
+
+def test_partition_attached_with_rows(source_db: Database, db_factory: Callable[[], Database],
+                                      write_config: Callable[..., PipelineConfig], spark: Any,
+                                      tmp_path: Path) -> None:
+    """Its rows are read again automatically (a backfill the drain starts); when that cannot start (another
+    backfill of the table holds its sinks), `status` and the sink assets' metadata name the one command, and
+    running it makes every sink whole."""
+    dest = db_factory()
+    source_db.execute(ATTACHABLE)
+    config = write_config(mirror_and_append(source_db.dsn, dest.dsn, "public.at", "out.at"))
+    setup(config)
+    source_db.execute("INSERT INTO public.at SELECT g, 'eu', g FROM generate_series(1, 30) g")
+
+    def synced() -> bool:
+        sync(config, spark)
+        deliver(config, spark, sink="app")
+        return caught_up(config, source_db.dsn, dest.dsn, "public.at", "id, region")
+
+    wait_until(synced, 120, "the first rows")
+    _attach_with_rows(source_db, "us")
+    wait_until(synced, 120, "the attached partition's rows, read again")
+    assert "reread_blocked" not in collect(config)["schema_changes"]["public.at"]
+
+    # Another backfill of the table, run by a live process, holds its sinks: the re-read cannot start.
+    store = BackfillStore(config.state.schema_name)
+    with psycopg.connect(config.state_dsn, autocommit=True) as holder:
+        held, _ = store.claim(holder, BackfillSpec("public.at", ("app", "mirror"), "id", "1", "5"), ("id", "region"),
+                              ("id", "region"), "test", None)
+        _attach_with_rows(source_db, "apac")
+        sync(config, spark)
+        deliver(config, spark, sink="app")
+        store.set_status(holder, held, "cancelled")
+    fix = "cdc-pipeline backfill public.at"
+    assert collect(config)["schema_changes"]["public.at"]["reread_blocked"]["fix"] == fix
+    assert any(line.startswith("FINDING: public.at") and f"`{fix}`" in line for line in render(collect(config)).splitlines())
+    assert fix in sink_figures(config, config.sink("mirror"))["last_schema_change"]
+    assert dest.execute("SELECT count(*) FROM mirror.at WHERE region = 'apac'") == [(2,)]  # only the decoded ones
+    with processes(tmp_path) as start:  # the command, as the finding gives it, beside a running drain
+        drain = start("--config", str(config.path), "drain")
+        backfill = start("--config", str(config.path), *fix.split()[1:])
+        assert backfill.wait(120) == 0, logs(tmp_path)
+        drain.send_signal(signal.SIGTERM)
+        assert drain.wait(60) == 0, logs(tmp_path)
+    wait_until(synced, 120, "the backfill's reads")
+    assert "reread_blocked" not in collect(config)["schema_changes"]["public.at"]
+    assert_append_history(dest.dsn, "out.at", ("id", "region"), source_records(source_db.dsn, "public.at"))

@@ -17,7 +17,7 @@ from cdc_pipeline.admin.setup import setup
 from cdc_pipeline.admin.status import collect
 from cdc_pipeline.config import PipelineConfig
 from cdc_pipeline_tests.conftest import Database
-from cdc_pipeline_tests.evolving import Writers, logs, mirror_and_append, processes
+from cdc_pipeline_tests.evolving import Writers, caught_up, logs, mirror_and_append, processes
 from cdc_pipeline_tests.helpers import assert_mirrored, mirror_config, sync, wait_until
 
 TABLE = """
@@ -171,6 +171,60 @@ def test_schema_changes_under_writers_as_processes(source_db: Database, db_facto
     rows = dest.execute("SELECT idempotency_key, message->'record'->>'id', commit_lsn, commit_idx, delivered_at "
                         "FROM out.w")
     assert len(rows) == len({r[0] for r in rows}) == writers.changes + extra  # every change once, no schema row
+    for key in {r[1] for r in rows}:
+        seen_order = [(r[2], r[3]) for r in sorted((r for r in rows if r[1] == key), key=lambda r: (r[4], r[2], r[3]))]
+        assert seen_order == sorted(seen_order), f"key {key} went backwards on the append sink"
+
+
+def test_schema_changes_while_a_backfill_of_the_table_runs(
+        source_db: Database, db_factory: Callable[[], Database], write_config: Callable[..., PipelineConfig],
+        tmp_path: Path) -> None:
+    """ADD COLUMN with a default, RENAME (in a transaction with changes before and after it) and a TYPE change
+    land between the pages of a backfill of the same table, under a writer: the mirror ends equal to the
+    source row by row and type by type; the append sink holds every change once, per key in order."""
+    dest = db_factory()
+    source_db.execute("CREATE TABLE public.w (id integer PRIMARY KEY, v integer NOT NULL, n integer DEFAULT 1, "
+                      "m numeric(8,2) DEFAULT 1.25, old_name text DEFAULT 'o'); "
+                      "INSERT INTO public.w (id, v, old_name) SELECT g, 0, 'kept' || g FROM generate_series(1, 400) g")
+    data = mirror_and_append(source_db.dsn, dest.dsn, "public.w", "out.w", batch_size=200)
+    data["backfill"] = {"initial_page_size": 20, "max_page_size": 20}  # 20 pages: the DDL lands between them
+    config = write_config(data)
+    setup(config)
+    path = str(config.path)
+
+    def pages() -> int:
+        found = source_db.execute("SELECT coalesce(max(pages), 0) FROM cdc_pipeline.backfills")
+        return int(found[0][0])
+
+    with processes(tmp_path) as start, Writers(source_db.dsn, _writer_step, count=1) as writers:
+        drain = start("--config", path, "drain")
+        deliver = start("--config", path, "deliver")
+        backfill = start("--config", path, "backfill", "public.w")
+        updated = 0  # change messages of the statements below
+        with source_db.connect() as conn:
+            for after, statements in ((2, ["ALTER TABLE public.w ADD COLUMN d text DEFAULT 'dflt'"]),
+                                      (5, ["UPDATE public.w SET old_name = 'before' WHERE id = 3",
+                                           "ALTER TABLE public.w RENAME COLUMN old_name TO new_name",
+                                           "UPDATE public.w SET new_name = 'after' WHERE id = 4"]),
+                                      (8, ["ALTER TABLE public.w ALTER COLUMN n TYPE bigint",
+                                           "UPDATE public.w SET n = 3000000000 + id WHERE id % 7 = 0"])):
+                wait_until(lambda after=after: pages() >= after, 120, f"page {after} of the backfill")
+                with conn.transaction():
+                    for statement in statements:
+                        updated += max(conn.execute(statement).rowcount, 0)
+        assert pages() < 20, "the backfill ended before the schema changes: make its pages smaller"
+        assert backfill.wait(180) == 0, logs(tmp_path)
+        writers.stop()
+        wait_until(lambda: caught_up(config, source_db.dsn, dest.dsn, "public.w", "id"), 120, "the sinks to catch up")
+        for proc in (deliver, drain):
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(60) == 0, logs(tmp_path)
+    assert _types(dest.dsn, "mirror.w") == _types(source_db.dsn, "public.w")
+    assert assert_mirrored(source_db.dsn, "public.w", dest.dsn, "mirror.w", order="id") >= 300
+    rows = dest.execute("SELECT idempotency_key, message->'record'->>'id', commit_lsn, commit_idx, delivered_at, "
+                        "message->>'action' FROM out.w")
+    assert len(rows) == len({r[0] for r in rows})  # every message once
+    assert sum(1 for r in rows if r[5] != "read") == writers.changes + updated  # every change, no schema row
     for key in {r[1] for r in rows}:
         seen_order = [(r[2], r[3]) for r in sorted((r for r in rows if r[1] == key), key=lambda r: (r[4], r[2], r[3]))]
         assert seen_order == sorted(seen_order), f"key {key} went backwards on the append sink"
