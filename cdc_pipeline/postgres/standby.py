@@ -33,7 +33,8 @@ def wait_replayed(standby: psycopg.Connection, primary: psycopg.Connection, stop
     """Wait until `standby` has replayed everything `primary` had written when called (a watermark just
     committed there). False when `stop` was set first."""
     stop = stop or threading.Event()
-    row = primary.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+    # The insert position: under synchronous_commit = off a commit returns before its record is written.
+    row = primary.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
     assert row is not None
     target = row[0]
     started = warned = time.monotonic()

@@ -22,6 +22,7 @@ from cdc_pipeline.capture.faults import DrainFatal
 from cdc_pipeline.config import PipelineConfig
 from cdc_pipeline_tests import standby as sb
 from cdc_pipeline_tests.conftest import Database
+from cdc_pipeline_tests.evolving import Writers
 from cdc_pipeline_tests.helpers import assert_mirrored, deliver, drain, wait_until
 
 BIG = 2_000
@@ -62,31 +63,12 @@ def test_a_standby_without_primary_dsn_is_refused(pair: sb.Pair, write_config: C
         assert conn.execute("SELECT count(*) FROM pg_publication").fetchone() == (0,)
 
 
-class Writers:
-    """Transactions on the primary: new accounts, and updates of rows the backfill reads."""
-
-    def __init__(self, dsn: str) -> None:
-        self.dsn, self.count = dsn, 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
-            while not self._stop.is_set():
-                self.count += 1
-                k = self.count
-                with conn.transaction():
-                    conn.execute("INSERT INTO acct VALUES (%s, 1, 'new')", (k,))
-                    conn.execute("UPDATE big SET v = v || '.w' WHERE id = %s", (k * 37 % BIG + 1,))
-                self._stop.wait(0.002)
-
-    def __enter__(self) -> Writers:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: Any) -> None:
-        self._stop.set()
-        self._thread.join(30)
+def _write(conn: psycopg.Connection, n: int) -> int:
+    """A transaction on the primary: a new account, and an update of a row the backfill reads."""
+    with conn.transaction():
+        conn.execute("INSERT INTO acct VALUES (%s, 1, 'new')", (n,))
+        conn.execute("UPDATE big SET v = v || '.w' WHERE id = %s", (n * 37 % BIG + 1,))
+    return 2
 
 
 def test_drain_and_backfill_through_the_standby(pair: sb.Pair, db_factory: Callable[[], Database],
@@ -104,7 +86,7 @@ def test_drain_and_backfill_through_the_standby(pair: sb.Pair, db_factory: Calla
     thread = threading.Thread(target=drainer.run, daemon=True)
     thread.start()
     try:
-        with Writers(primary_dsn) as writers, psycopg.connect(pair.standby.dsn(), autocommit=True) as standby:
+        with Writers(primary_dsn, _write, count=1) as writers, psycopg.connect(pair.standby.dsn(), autocommit=True) as standby:
             # Replay stopped while rows the backfill reads change on the primary: the first page (its low
             # watermark after those changes) must wait for the standby. Read at once, its snapshot would miss
             # the changes, and the reconciliation would drop those 400 rows as stale (exact still when the log
@@ -118,7 +100,7 @@ def test_drain_and_backfill_through_the_standby(pair: sb.Pair, db_factory: Calla
             resume.join()
             assert progress.status == "completed", progress
             assert progress.rows_dropped < 100, progress  # only rows the writers touched during a page
-            assert writers.count > 0
+            assert writers.changes > 0
     finally:
         drainer.stop()
         thread.join(60)
