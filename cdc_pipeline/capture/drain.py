@@ -47,6 +47,7 @@ from cdc_pipeline.state import retention
 log = logging.getLogger(__name__)
 
 APP_NAME = "cdc_pipeline.drain"
+_ROW_CHANGES = (pgoutput.Insert, pgoutput.Update, pgoutput.Delete)
 _PROBE_SHAPE = re.compile(rb"[0-9a-f]{32}")  # uuid4().hex: an earlier run's probe, replayed
 COPY_CHUNK = 5000
 # The state session may run a page reconciliation (one statement over a large page): generous, but a
@@ -289,6 +290,7 @@ class Drain:
         run = _Pass(committed=committed)
         txn = _Txn()
         pace = CommitPace(cfg.batch_rows, cfg.batch_ms)
+        writer, shapes, decode = self.writer, self._shapes, pgoutput.decode
         while True:
             if not txn.open:
                 if self._stop.is_set() or run.idle or (
@@ -302,7 +304,15 @@ class Drain:
                         stream.send_status(run.committed)
                     continue
                 assert isinstance(frame, XLogData)
-                if self._on_message(pgoutput.decode(frame.payload), txn, run, state, source, stats):
+                msg = decode(frame.payload)
+                if type(msg) in _ROW_CHANGES and not txn.skipping:  # the hot path, inline: most messages
+                    writer.add(row_change(shapes[msg.relation_id], msg, txn.lsn, txn.idx, txn.xid, txn.ts, txn.note),
+                               state)
+                    txn.idx += 1
+                    run.pending_changes += 1
+                    run.changes_since_probe += 1
+                    stats.changes += 1
+                elif self._on_message(msg, txn, run, state, source, stats):
                     break  # a transaction ended: back to check the commit rule and the stop conditions
             if not txn.open and run.pending_end:
                 urgent = run.hooked or run.idle or self._stop.is_set() or not stream.waiting()
@@ -328,7 +338,8 @@ class Drain:
 
     def _on_message(self, msg: pgoutput.Message, txn: _Txn, run: _Pass, state: psycopg.Connection,
                     source: psycopg.Connection, stats: DrainStats) -> bool:
-        """Act on one decoded message; True at the end of a transaction."""
+        """Act on one decoded message (a row change of a transaction being logged is the loop's own, inline);
+        True at the end of a transaction."""
         if isinstance(msg, pgoutput.Begin):
             txn.begin(msg.final_lsn, msg.xid, msg.commit_ts, skipping=msg.final_lsn < run.committed)
         elif isinstance(msg, pgoutput.Commit):
@@ -349,9 +360,6 @@ class Drain:
             self._log(self._relation(msg, source, state, not txn.skipping, txn.at()), txn, run, state)
         elif txn.skipping:
             pass
-        elif isinstance(msg, (pgoutput.Insert, pgoutput.Update, pgoutput.Delete)):
-            self._log(row_change(self._shapes[msg.relation_id], msg, *txn.at()), txn, run, state, stats)
-            run.changes_since_probe += 1
         elif isinstance(msg, pgoutput.Truncate):
             for rid in msg.relation_ids:
                 self._log(truncate_row(self._shapes[rid], *txn.at()), txn, run, state, stats)
