@@ -12,7 +12,7 @@ import psycopg
 
 from cdc_pipeline.capture import source_server
 from cdc_pipeline.config import PipelineConfig
-from cdc_pipeline.core.positions import position_text
+from cdc_pipeline.core.positions import position_lsn_text, position_text
 from cdc_pipeline.delivery.backlog import problem as backlog_problem
 from cdc_pipeline.postgres import catalog, session
 from cdc_pipeline.sinks import sink_class
@@ -59,7 +59,7 @@ def collect(config: PipelineConfig) -> dict[str, Any]:
             offset = stats.sink_offset_row(conn, schema, sink.name)
             pos = offset["position"] if offset else (0, -1)
             out["sinks"][sink.name] = {
-                "offset": f"{pos[0]}:{pos[1]}",
+                "offset": position_text(pos), "offset_lsn": position_lsn_text(pos),
                 "lag_messages": store.count_after(conn, sink.tables, pos, sink=sink.name),
                 "delivered": offset["delivered"] if offset else 0,
                 "filtered": offset["filtered"] if offset else 0,
@@ -71,7 +71,8 @@ def collect(config: PipelineConfig) -> dict[str, Any]:
             }
             if offset and "lanes" in offset:  # core/lanes.py: each lane's own progress
                 out["sinks"][sink.name]["lanes"] = [{
-                    "lane": r["lane"], "offset": position_text(r["position"]), "delivered": r["delivered"],
+                    "lane": r["lane"], "offset": position_text(r["position"]),
+                    "offset_lsn": position_lsn_text(r["position"]), "delivered": r["delivered"],
                     # Log messages after the lane's offset, all lanes' (an upper bound of its own).
                     "behind_messages": store.count_after(conn, sink.tables, r["position"], sink=sink.name),
                     "waiting_for_destination": r["waiting_reason"]} for r in offset["lanes"]]
@@ -140,7 +141,7 @@ def render(status: dict[str, Any]) -> str:
     log = status["log"]
     lines.append(f"log: {log['messages']} messages, {log['bytes']} bytes")
     for name, s in status["sinks"].items():
-        lines.append(f"sink {name}: offset {s['offset']}, lag {s['lag_messages']} messages, delivered "
+        lines.append(f"sink {name}: offset {s.get('offset_lsn', s['offset'])}, lag {s['lag_messages']} messages, delivered "
                      f"{s['delivered']}, parked {s['parked']}, discarded {s['discarded']}"
                      + (f"; waiting for the destination since {s['waiting_since']}: {s['waiting_for_destination']}"
                         if s.get("waiting_for_destination") else ""))

@@ -57,6 +57,7 @@ from cdc_pipeline.config.errors import without_secrets
 from cdc_pipeline.core.backfill_origin import dagster_links, dagster_origin, started_by
 from cdc_pipeline.defs.asset_data import SnapshotData
 from cdc_pipeline.defs.backfill_pool import BACKFILL_POOL
+from cdc_pipeline.defs.columns import column_schema
 from cdc_pipeline.defs.materialize import backfill_not_asked
 from cdc_pipeline.defs.resources import CdcConfigResource
 from cdc_pipeline.defs.tags import BACKFILL_ID_TAG, BACKFILL_TAGS, DAGSTER_BACKFILL_TAG, ROW_COUNT
@@ -176,7 +177,7 @@ def build_backfill_asset(table: TableConfig, spec: AssetSpec, snapshot_keys: lis
         if result.status != "completed":
             raise Failure(description=f"backfill {result.backfill_id} ended {result.status}",
                           metadata=_metadata(result), allow_retries=result.status == "interrupted")
-        yield MaterializeResult(metadata=_metadata(result))
+        yield MaterializeResult(metadata={**_metadata(result), **column_schema(pipeline, table.qualified)})
 
     return _backfill
 

@@ -73,7 +73,9 @@ def drain_figures(pipeline: PipelineConfig, stats: DrainStats | None = None) -> 
         out.update(drained_changes=stats.changes, drained_transactions=stats.transactions,
                    drain_rate_changes_per_s=round(stats.rate, 1), heartbeats=stats.heartbeats,
                    # The drain rides through lost connections: how often it had to in this run, and why.
-                   drain_retries=stats.retries, drain_last_error=str(stats.last_error))
+                   drain_retries=stats.retries)
+        if stats.last_error:  # no "None" in the UI
+            out["drain_last_error"] = str(stats.last_error)
     return out
 
 

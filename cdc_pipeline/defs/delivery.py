@@ -37,8 +37,9 @@ from dagster import (
 from cdc_pipeline.config import PipelineConfig, SinkConfig
 from cdc_pipeline.config.errors import describe_error
 from cdc_pipeline.core.lanes import lane_name
-from cdc_pipeline.core.positions import START
+from cdc_pipeline.core.positions import START, position_lsn_text
 from cdc_pipeline.defs.asset_data import ChangeLogData, SinkData
+from cdc_pipeline.defs.columns import column_schema, sink_table
 from cdc_pipeline.defs.health import failed_job_name, sink_checks, sink_figures
 from cdc_pipeline.defs.materialize import CATCH_UP_SECONDS, clicked, delivery_elsewhere
 from cdc_pipeline.defs.pacing import CheckGate, ParkedWarning, SinkPace, covers
@@ -103,6 +104,10 @@ def build_sink_asset(sink: SinkConfig, spec: AssetSpec, log_key: AssetKey) -> As
         gate = CheckGate()
         parked_warning = ParkedWarning()
         rate = {"delivered": None, "at": time.monotonic()}
+        one_table = sink_table(sink_config)
+
+        def columns() -> dict[str, Any]:  # dagster/column_schema: a sink holding one table's columns as they are
+            return column_schema(pipeline, one_table) if one_table else {}
 
         def materialization(figures: dict[str, Any], log: Recorded, log_input: str
                             ) -> tuple[DataVersion, dict[str, str]]:
@@ -126,7 +131,7 @@ def build_sink_asset(sink: SinkConfig, spec: AssetSpec, log_key: AssetKey) -> As
             if log_input is not None:
                 pace.recorded(offset, log_input, log.version, now)
                 _, tags = materialization(figures, log, log_input)
-                events.append(AssetMaterialization(key, metadata=shown(figures), tags=tags))
+                events.append(AssetMaterialization(key, metadata={**shown(figures), **columns()}, tags=tags))
             if parked_warning.due(int(figures.get("parked") or 0), now):
                 context.log.warning(parked_line(sink.name, figures))
             return events + gate.changed(sink_checks(pipeline, key, figures, sink.name))
@@ -149,7 +154,8 @@ def build_sink_asset(sink: SinkConfig, spec: AssetSpec, log_key: AssetKey) -> As
         version, tags = materialization(figures, log, log.version if held and log.version else figures["offset"])
         yield from sink_checks(pipeline, key, figures, sink.name)
         yield MaterializeResult(
-            metadata=shown({**stats.as_metadata(), **figures, "dry_run": config.dry_run}), data_version=version,
+            metadata={**shown({**stats.as_metadata(), **figures, "dry_run": config.dry_run}), **columns()},
+            data_version=version,
             tags=tags)
 
     return _deliver
@@ -169,7 +175,7 @@ def parked_line(sink: str, figures: dict[str, Any]) -> str:
 
 def _stopped(name: str, result: Any) -> str:
     if isinstance(result, DeliveryStats):
-        return (f"delivery to {name} stopped on request: offset {result.offset[0]}:{result.offset[1]} committed, "
+        return (f"delivery to {name} stopped on request: offset {position_lsn_text(result.offset)} committed, "
                 f"{result.delivered} messages delivered by this run")
     return f"delivery to {name} stopped on request ({result})"
 

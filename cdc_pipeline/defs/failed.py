@@ -2,18 +2,21 @@
 `retry_failed_messages_<sink>` makes them due for retry now (the delivery run sends them within a
 second or two; the delivery sensor starts one if none runs), `discard_failed_messages_<sink>` gives up
 on them (their groups flow on). The run config says which: `ids` (from the parked_messages table of the
-sink's `no_stale_parked_messages` check, or `failed list`), a source `table`, or `all`. The run then
-records the check again, so the table reflects what it did.
+sink's `no_stale_parked_messages` check, or `failed list`), a source `table`, or `all`.
+
+The job does not record the check itself: Dagster keeps one check row per run, so a long-lived delivery
+run's later readings update its own (older) row, and a row from this job would stay the check's latest,
+showing the messages as they were a moment before the delivery run sent them, until that run ends. The
+delivery run records the change within seconds (the delivery sensor starts one if none is active).
 """
 
 
-from dagster import AssetKey, Config, Definitions, Failure, JobDefinition, OpExecutionContext, job, op
+from dagster import Config, Definitions, Failure, JobDefinition, OpExecutionContext, job, op
 
 from cdc_pipeline.admin.failed import Selection, act
 from cdc_pipeline.config import ConfigError, PipelineConfig, SinkConfig
 from cdc_pipeline.core.positions import position_text
-from cdc_pipeline.defs.asset_data import SinkData
-from cdc_pipeline.defs.health import failed_job_name, failed_op_name, parked_check, sink_figures
+from cdc_pipeline.defs.health import failed_job_name, failed_op_name
 from cdc_pipeline.defs.resources import CdcConfigResource
 from cdc_pipeline.defs.tags import NO_RUN_RETRIES
 from cdc_pipeline.defs.translator import CdcTranslator
@@ -28,7 +31,7 @@ class FailedMessagesConfig(Config):
     include_discarded: bool = False  # retry with table/all: revive discarded messages too
 
 
-def build_failed_job(sink: SinkConfig, key: AssetKey, action: str) -> JobDefinition:
+def build_failed_job(sink: SinkConfig, action: str) -> JobDefinition:
     name = failed_job_name(action, sink.name)
 
     @op(name=failed_op_name(action, sink.name))
@@ -43,8 +46,6 @@ def build_failed_job(sink: SinkConfig, key: AssetKey, action: str) -> JobDefinit
         if outcome.revived_discarded:
             context.log.warning(f"{outcome.revived_discarded} discarded message(s) revived: each is delivered "
                                 "after the newer versions of its row delivered since it was discarded")
-        context.log_event(parked_check(pipeline, key, sink_figures(pipeline, pipeline.sink(sink.name)),
-                                       sink.name))
         if outcome.missing:
             raise Failure(description=f"no failed message of sink {sink.name} with ID "
                                       f"{', '.join(position_text(p) for p in outcome.missing)}")
@@ -60,6 +61,5 @@ def build_failed_job(sink: SinkConfig, key: AssetKey, action: str) -> JobDefinit
 def failed_definitions(pipeline: PipelineConfig, translator: CdcTranslator) -> Definitions:
     jobs = []
     for sink in pipeline.sinks:
-        key = translator.get_asset_spec(SinkData(pipeline, sink)).key
-        jobs += [build_failed_job(sink, key, action) for action in ("retry", "discard")]
+        jobs += [build_failed_job(sink, action) for action in ("retry", "discard")]
     return Definitions(jobs=jobs)

@@ -21,7 +21,7 @@ from dagster import (
 
 from cdc_pipeline.capture import source_server
 from cdc_pipeline.config import PipelineConfig, SinkConfig
-from cdc_pipeline.core.positions import Position, position_lsn_text
+from cdc_pipeline.core.positions import Position, lsn_text, position_lsn_text
 from cdc_pipeline.delivery.backlog import problem as backlog_problem
 from cdc_pipeline.postgres import catalog, session
 from cdc_pipeline.state import relations
@@ -49,13 +49,14 @@ def slot_figures(pipeline: PipelineConfig) -> dict[str, Any]:
                                                                   pipeline.source.slot))
     # Which server is read, and the failovers seen: as `status` says them.
     where = {"source_server": str(source["server"]), "source_failovers": source["failovers"],
-             "source_last_failover": str(source["last_failover"])}
+             **({"source_last_failover": source["last_failover"]} if source["last_failover"] else {}),
+             **({"committed_lsn": lsn_text(committed)} if committed is not None else {})}
     if slot is None:
-        return {"slot": pipeline.source.slot, "slot_exists": False, "committed_lsn": committed, **where}
+        return {"slot": pipeline.source.slot, "slot_exists": False, **where}
     lag_bytes = int(slot["lag_bytes"] or 0)  # type: ignore[call-overload]
     lag_seconds = round(since_commit, 3) if lag_bytes > 0 and since_commit is not None else 0.0
     return {"slot": pipeline.source.slot, "slot_exists": True, "slot_active": bool(slot["active"]),
-            "confirmed_flush_lsn": str(slot["confirmed_flush_lsn"]), "committed_lsn": committed,
+            "confirmed_flush_lsn": str(slot["confirmed_flush_lsn"]),
             "slot_lag_bytes": lag_bytes, "slot_retained_bytes": int(slot["retained_bytes"] or 0),  # type: ignore[call-overload]
             "slot_lag_seconds": lag_seconds, **where}
 
@@ -90,7 +91,8 @@ def sink_figures(pipeline: PipelineConfig, sink: SinkConfig) -> dict[str, Any]:
     last = "; ".join(f"{t}: {c.get('summary')} (at {c.get('at')})" + (
         f" FINDING: its rows must be read again and no backfill could be started: run `{c['reread_blocked']['fix']}`"
         if c.get("reread_blocked") else "") for t, c in changes.items() if t in sink.tables)
-    return {"offset": f"{offset[0]}:{offset[1]}", "offset_lsn": position_lsn_text(offset), "lag_messages": backlog,
+    # `offset` is the sink's data version; `offset_lsn` (the same) is kept for those that read it.
+    return {"offset": position_lsn_text(offset), "offset_lsn": position_lsn_text(offset), "lag_messages": backlog,
             "lag_seconds": round(age or 0.0, 3), "delivered_total": delivered,
             **parked, "backlog_error": backlog_problem(pipeline, sink, age),
             **({"last_schema_change": last} if last else {})}

@@ -29,7 +29,7 @@ from dagster import AssetCheckEvaluation
 from cdc_pipeline.core.positions import Position
 from cdc_pipeline.defs.health import PARKED_CHECK, SINK_LAG_CHECK, SLOT_LAG_CHECK
 from cdc_pipeline.defs.streaming import EVENT_SECONDS
-from cdc_pipeline.defs.versions import version_position
+from cdc_pipeline.defs.versions import position_version, version_position
 
 # Per check: its figures (metadata keys) and the step each must move by, as (limit key, fraction of the
 # limit; an age's step is at least EVENT_SECONDS, the resolution it is read at) or a fixed step.
@@ -124,7 +124,7 @@ class SinkPace:
             return log_version if fresh or waited or not reporting else None
         if self.caught_up and reporting and not waited:
             return None  # a moment behind the log's newest version: it catches up within seconds
-        return f"{offset[0]}:{offset[1]}"
+        return position_version(offset).value
 
     def recorded(self, offset: Position, log_input: str, log_version: str | None, now: float) -> None:
         self.offset, self.at, self.log_input = offset, now, log_input

@@ -56,6 +56,7 @@ class CdcTranslator:
         sources = [self.get_asset_spec(SourceTableData(data.pipeline, t)).key for t in source_tables(data.pipeline)]
         return AssetSpec(
             AssetKey(["cdc", "change_log"]), deps=sources, group_name="cdc", kinds={"postgres"}, tags=DRAIN_TAGS,
+            metadata={TABLE_NAME: f"{data.pipeline.state.schema_name}.change_log"},  # in the state database
             description="Ordered change log in the state database: the drain streams the replication slot "
                         "into it and acknowledges the slot after each commit. The cdc_drain_sensor keeps one "
                         "long-lived cdc_drain run streaming; Materialize ends at once while it streams (else "

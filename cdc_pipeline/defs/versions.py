@@ -1,5 +1,6 @@
 """Data versions that mean something: `cdc/change_log`'s is the log's head position, a sink's its offset
-(both 'commit_lsn:commit_idx'), so a caught-up sink's version equals the log's.
+(both 'X/Y:idx': the commit LSN in PostgreSQL's notation and the index within the commit, as all the UI's
+metadata shows positions), so a caught-up sink's version equals the log's.
 
 A streaming run records its materializations itself (AssetMaterialization events while it runs), and
 Dagster adds no provenance to those: without it the UI would judge staleness by timestamps and call a
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 
 from dagster import AssetKey, DagsterInstance, DataVersion
 
-from cdc_pipeline.core.positions import Position, position_text
+from cdc_pipeline.core.positions import Position, parse_position, position_lsn_text
 
 # Dagster's provenance tags (dagster._core.definitions.data_version; the names are stored in every
 # instance's event log, so they are stable).
@@ -31,16 +32,13 @@ DEFAULT_VERSION = "INITIAL"  # what Dagster assumes of an upstream asset with no
 
 
 def position_version(position: Position) -> DataVersion:
-    return DataVersion(position_text(position))
+    return DataVersion(position_lsn_text(position))
 
 
 def version_position(version: str | None) -> Position | None:
-    """The position a version of ours names; None for a version that is not a position."""
-    lsn, colon, idx = (version or "").partition(":")
-    try:
-        return (int(lsn), int(idx)) if colon else None
-    except ValueError:
-        return None
+    """The position a version of ours names ('X/Y:idx', or 'commit_lsn:commit_idx' as versions recorded
+    before were); None for a version that is not a position."""
+    return parse_position(version or "")
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from dagster._core.loader import LoadingContextForTest
 
 from cdc_pipeline.admin.setup import setup
 from cdc_pipeline.capture.drain import Drain
+from cdc_pipeline.core.positions import position_lsn_text
 from cdc_pipeline.defs.capture import DRAIN_JOB
 from cdc_pipeline.defs.health import PARKED_CHECK, SINK_LAG_CHECK, SLOT_LAG_CHECK
 from cdc_pipeline.defs.streaming import EVENT_SECONDS
@@ -88,7 +89,7 @@ def _head(config: Any) -> str:
     with psycopg.connect(config.state_dsn) as conn:
         row = conn.execute("SELECT commit_lsn, commit_idx FROM cdc_pipeline.change_log "
                            "ORDER BY 1 DESC, 2 DESC LIMIT 1").fetchone()
-    return f"{row[0]}:{row[1]}"
+    return position_lsn_text((row[0], row[1]))  # PostgreSQL's X/Y and the index, as the UI shows positions
 
 
 def test_long_lived_drain_and_delivery_runs(source_db, db_factory, write_config, tmp_path):
@@ -167,7 +168,7 @@ def test_long_lived_drain_and_delivery_runs(source_db, db_factory, write_config,
         with psycopg.connect(config.state_dsn) as conn:
             offset = conn.execute("SELECT commit_lsn, commit_idx FROM cdc_pipeline.sink_offsets "
                                   "WHERE sink = 'mirror'").fetchone()
-        assert final.tags["dagster/data_version"] == f"{offset[0]}:{offset[1]}" == final.metadata["offset"].value
+        assert final.tags["dagster/data_version"] == position_lsn_text(offset) == final.metadata["offset"].value
         # Checks are recorded when they change: lag_below_max passed, failed during the stall (within
         # max_lag_seconds + 30 s of its start), passed again; and the run's final evaluations.
         lag = [(c.timestamp, c.dagster_event.asset_check_evaluation_data.passed) for c in checks

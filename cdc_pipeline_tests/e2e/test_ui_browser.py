@@ -1,14 +1,16 @@
 """The Dagster UI itself, in a real browser (Debian's chromium through Playwright, installed by
-scripts/bootstrap), on `dagster dev` with the project's dagster.yaml: a partition backfill launched from
-the snapshot asset's page (its Materialize dialog) runs at most two partitions at once (the cdc_backfill
-pool) and each partition's check reports its own backfill; a message the mirror rejects is parked, listed
-by the sink's `no_stale_parked_messages` check, and delivered once the retry job is launched from its
-Launchpad with the message's ID in the run config. One `dagster dev` for the module."""
+scripts/bootstrap), and its GraphQL API as the UI calls it, on `dagster dev` with the project's dagster.yaml:
+partition backfills launched from the snapshot asset's page (its Materialize dialog) and through the API
+run at most two partitions at once (the cdc_backfill pool) and each partition's check reports its own
+backfill; messages the mirror rejects are parked, listed by the sink's `no_stale_parked_messages` check,
+and delivered once the retry job is launched from its Launchpad (and by the API's launchRun) with the
+message's ID in the run config; the caught-up sink reads as synced. One `dagster dev` for the module."""
 
 from __future__ import annotations
 
 import contextlib
 import time
+import urllib.error
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,6 +32,7 @@ CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 SNAPSHOT = AssetKey(["cdc", "snapshot", "public", "orders_snapshot"])
+CUSTOMERS = AssetKey(["cdc", "snapshot", "public", "customers_snapshot"])
 SINK = AssetKey(["sink", "mirror"])
 DAYS = ["2025-01-01", "2025-01-02", "2025-01-03"]
 
@@ -54,13 +57,21 @@ def ui(pg_admin_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     try:
         source.execute("CREATE TABLE orders (id bigint PRIMARY KEY, status text NOT NULL, updated_at timestamptz "
                        "NOT NULL); INSERT INTO orders SELECT g, 'paid', '2025-01-01'::timestamptz + g * interval "
-                       "'1 minute' FROM generate_series(1, 4000) g")  # ~2.8 days
+                       "'1 minute' FROM generate_series(1, 4000) g; "  # ~2.8 days
+                       "CREATE TABLE customers (id bigint PRIMARY KEY, created_at timestamptz NOT NULL); INSERT "
+                       "INTO customers SELECT g, '2025-01-01'::timestamptz + g * interval '1 hour' "
+                       "FROM generate_series(1, 40) g")
         dest.execute("CREATE SCHEMA mirror; CREATE TABLE mirror.orders (id bigint PRIMARY KEY, status text, "
-                     "updated_at timestamptz, CONSTRAINT poison CHECK (status <> 'poison'))")
-        data = mirror_config(source.dsn, dest.dsn, [{"name": "public.orders", "sort_column": "updated_at",
-                                                     "partitions": {"kind": "daily", "start": DAYS[0],
-                                                                    "end": "2025-01-04"}}],
+                     "updated_at timestamptz, CONSTRAINT poison CHECK (status <> 'poison')); "
+                     "CREATE TABLE mirror.customers (id bigint PRIMARY KEY, created_at timestamptz)")
+        daily = {"kind": "daily", "start": DAYS[0], "end": "2025-01-04"}
+        data = mirror_config(source.dsn, dest.dsn, [
+            {"name": "public.orders", "sort_column": "updated_at", "partitions": daily},
+            {"name": "public.customers", "sort_column": "created_at", "partitions": daily}],
                              backoff={"initial_ms": 900000, "max_ms": 900000, "jitter": 0})  # retried by the job, not on its own
+        # Materializations every 5 s, not 60: the sink's state (synced, metadata) is read within the test.
+        data["drain"]["report_seconds"] = 5
+        data["delivery"] = {"report_seconds": 5}
         (tmp_path / "cdc.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
         from cdc_pipeline.config import load_config
 
@@ -97,32 +108,65 @@ def _open(page: Any, ui: Ui, path: str) -> None:
         skip.first.click(timeout=8000)
 
 
-def _backfill_runs(instance: DagsterInstance) -> list[Any]:
-    return [r for r in instance.get_runs(RunsFilter(tags={"dagster/backfill": list_backfill_ids(instance)}))]
+def _latest_metadata(ui: Ui, key: AssetKey) -> dict[str, Any]:
+    [record] = ui.instance.fetch_materializations(key, limit=1).records
+    return dict(record.asset_materialization.metadata)
 
 
-def list_backfill_ids(instance: DagsterInstance) -> list[str]:
-    return [b.backfill_id for b in instance.get_backfills()]
+def _backfill_runs(instance: DagsterInstance, backfill_ids: list[str] | None = None) -> list[Any]:
+    ids = backfill_ids if backfill_ids is not None else [b.backfill_id for b in instance.get_backfills()]
+    return list(instance.get_runs(RunsFilter(tags={"dagster/backfill": ids}))) if ids else []
 
 
-def test_partition_backfill_from_the_asset_page(ui: Ui, page: Any) -> None:
+def _watch(ui: Ui, count: int, backfill_ids: list[str] | None = None) -> tuple[list[Any], int]:
+    """Until the backfill's `count` runs ended: the runs, and the most that were starting or running at once."""
+    most = 0
+    deadline = time.monotonic() + 600
+    while True:
+        runs = _backfill_runs(ui.instance, backfill_ids)
+        most = max(most, sum(r.status in (DagsterRunStatus.STARTING, DagsterRunStatus.STARTED) for r in runs))
+        if len(runs) == count and all(r.is_finished for r in runs):
+            return runs, most
+        assert time.monotonic() < deadline, [(r.run_id, r.status) for r in runs]
+        time.sleep(0.5)
+
+
+LAUNCH_BACKFILL = """mutation($p: LaunchBackfillParams!) { launchPartitionBackfill(backfillParams: $p) {
+  __typename ... on LaunchBackfillSuccess { backfillId } ... on PythonError { message } } }"""
+CHECK_EXECUTIONS = """query($k: AssetKeyInput!, $c: String!, $p: String) {
+  assetCheckExecutions(assetKey: $k, checkName: $c, partition: $p, limit: 5) {
+    runId status partition evaluation { success partition metadataEntries { label
+      ... on TextMetadataEntry { text } } } } }"""
+
+
+def _gql(ui: Ui, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
+    try:
+        answer = ui.dev.graphql(query, variables)
+    except urllib.error.HTTPError as exc:  # GraphQL's errors come with a 500 at times: show them
+        raise AssertionError(exc.read().decode(errors="replace")) from None
+    assert not answer.get("errors"), answer["errors"]
+    return answer["data"]  # type: ignore[no-any-return]
+
+
+def test_partition_backfills_from_the_asset_page_and_the_graphql_api(ui: Ui, page: Any) -> None:
+    """Three partitions of orders launched from the snapshot asset's Materialize dialog, and at once a range of
+    two partitions of customers through the GraphQL mutation that dialog sends (an asset selection and the
+    range's keys; no tag of ours on its runs): the five runs share the cdc_backfill pool, never more than two
+    at once, and each run's backfill_completed check reports its own run's backfill and partition."""
     _open(page, ui, "/assets/" + "/".join(SNAPSHOT.path))
     page.get_by_role("button", name="Materialize…").first.click()
     dialog = page.get_by_role("dialog")
     dialog.get_by_role("button", name="All", exact=True).click()  # the table's three daily partitions
     dialog.get_by_role("button", name="Launch backfill").click()
-    wait_until(lambda: len(_backfill_runs(ui.instance)) >= 1, 120, "the backfill's first run")
-    most = 0
-    deadline = time.monotonic() + 600
-    while True:  # the pool: never more than two of its runs at once
-        runs = _backfill_runs(ui.instance)
-        most = max(most, sum(r.status in (DagsterRunStatus.STARTING, DagsterRunStatus.STARTED) for r in runs))
-        if len(runs) == len(DAYS) and all(r.is_finished for r in runs):
-            break
-        assert time.monotonic() < deadline, [(r.run_id, r.status) for r in runs]
-        time.sleep(0.5)
+    launched = _gql(ui, LAUNCH_BACKFILL, {"p": {
+        "assetSelection": [{"path": CUSTOMERS.path}], "partitionNames": DAYS[:2], "fromFailure": False,
+        "tags": []}})["launchPartitionBackfill"]
+    assert launched["__typename"] == "LaunchBackfillSuccess", launched
+    runs, most = _watch(ui, len(DAYS) + 2)
     assert 1 <= most <= 2, most
     assert all(r.status == DagsterRunStatus.SUCCESS for r in runs), [(r.job_name, r.status) for r in runs]
+    by_api = [r for r in runs if r.tags["dagster/backfill"] == launched["backfillId"]]
+    assert sorted(r.tags["dagster/partition"] for r in by_api) == DAYS[:2]
     for run in runs:  # each partition's check reports that run's own backfill and partition
         partition = run.tags["dagster/partition"]
         [check] = [e.dagster_event.asset_check_evaluation_data for e in ui.instance.all_logs(run.run_id)
@@ -130,7 +174,17 @@ def test_partition_backfill_from_the_asset_page(ui: Ui, page: Any) -> None:
         assert check.passed and check.metadata["partition"].value == partition
         assert check.metadata["backfill_id"].value == run.tags["cdc_pipeline/backfill_id"]
         assert check.metadata["dagster_run_id"].value == run.run_id
-
+    for run in by_api:  # the same, as the UI reads a partition's check executions
+        partition = run.tags["dagster/partition"]
+        executions = _gql(ui, CHECK_EXECUTIONS, {"k": {"path": CUSTOMERS.path}, "c": "backfill_completed",
+                                                  "p": partition})["assetCheckExecutions"]
+        [own] = [e for e in executions if e["runId"] == run.run_id]
+        assert own["status"] == "SUCCEEDED" and own["evaluation"]["partition"] == partition, own
+        entries = {m["label"]: m.get("text") for m in own["evaluation"]["metadataEntries"]}
+        assert entries["partition"] == partition and entries["backfill_id"] == run.tags["cdc_pipeline/backfill_id"]
+    snapshot = _latest_metadata(ui, SNAPSHOT)  # what the UI's table views read
+    assert [c.name for c in snapshot["dagster/column_schema"].value.columns] == ["id", "status", "updated_at"]
+    assert snapshot["dagster/row_count"].value > 0
 
 
 def _parked_rows(ui: Ui) -> list[Any]:
@@ -144,21 +198,53 @@ def _parked_rows(ui: Ui) -> list[Any]:
     return list(table.value.records) if table is not None else []
 
 
-def test_parked_message_retried_from_the_launchpad(ui: Ui, page: Any) -> None:
-    ui.source.execute("UPDATE orders SET status = 'poison' WHERE id = 2")  # the mirror rejects it
-    wait_until(lambda: _parked_rows(ui), 180, "the parked message in the check's table")
-    [row] = _parked_rows(ui)
-    assert row.data["table"] == "public.orders" and "poison" in row.data["error"], row.data
+LAUNCH_RUN = """mutation($e: ExecutionParams!) { launchRun(executionParams: $e) {
+  __typename ... on LaunchRunSuccess { run { runId } } ... on PythonError { message }
+  ... on RunConfigValidationInvalid { errors { message } } } }"""
+STALE = """query($k: [AssetKeyInput!]) { assetNodes(assetKeys: $k) { staleStatus staleCauses { reason } } }"""
+
+
+def _retry_config(message_id: str) -> dict[str, Any]:
+    return {"ops": {"retry_failed_mirror": {"config": {"ids": [message_id]}}}}
+
+
+def _finished(ui: Ui, run_id: str) -> Any:
+    wait_until(lambda: ui.instance.get_run_by_id(run_id).is_finished, 120, f"run {run_id}")
+    return ui.instance.get_run_by_id(run_id)
+
+
+def test_parked_messages_retried_from_the_launchpad_and_the_api(ui: Ui, page: Any) -> None:
+    """Two rows the mirror rejects: one retried from the retry job's Launchpad in the browser, the other by
+    the GraphQL launchRun the Launchpad sends, each with the message's ID from the check's table. Then the
+    sink, caught up, reads as synced (not "Unsynced")."""
+    ui.source.execute("UPDATE orders SET status = 'poison' WHERE id IN (2, 3)")
+    wait_until(lambda: len(_parked_rows(ui)) == 2, 180, "the parked messages in the check's table")
+    rows = _parked_rows(ui)
+    assert {r.data["table"] for r in rows} == {"public.orders"} and all("poison" in r.data["error"] for r in rows)
     ui.dest.execute("ALTER TABLE mirror.orders DROP CONSTRAINT poison")  # the cause fixed
+    launched = _gql(ui, LAUNCH_RUN, {"e": {
+        "selector": {"repositoryLocationName": LOCATION, "repositoryName": "__repository__",
+                     "jobName": "retry_failed_messages_mirror"}, "runConfigData": _retry_config(rows[1].data["id"])}})
+    assert launched["launchRun"]["__typename"] == "LaunchRunSuccess", launched
+    by_api = launched["launchRun"]["run"]["runId"]
     _open(page, ui, f"/locations/{LOCATION}/jobs/retry_failed_messages_mirror/playground")
-    editor = page.locator(".CodeMirror").first
-    editor.click()
+    page.locator(".CodeMirror").first.click()
     page.keyboard.press("Control+A")
-    page.keyboard.insert_text(f"ops: {{retry_failed_mirror: {{config: {{ids: ['{row.data['id']}']}}}}}}")
+    page.keyboard.insert_text(yaml.safe_dump(_retry_config(rows[0].data["id"]), default_flow_style=True).strip())
     page.get_by_role("button", name="Launch Run").click()
     page.wait_for_url("**/runs/**")
-    run_id = page.url.rstrip("/").split("/runs/")[1].split("?")[0]
-    wait_until(lambda: ui.instance.get_run_by_id(run_id).is_finished, 120, "the retry run")
-    assert ui.instance.get_run_by_id(run_id).status == DagsterRunStatus.SUCCESS
-    wait_until(lambda: ui.dest.execute("SELECT status FROM mirror.orders WHERE id = 2") == [("poison",)], 120,
-               "the retried message delivered")
+    from_ui = page.url.rstrip("/").split("/runs/")[1].split("?")[0]
+    for run_id in (from_ui, by_api):
+        assert _finished(ui, run_id).status == DagsterRunStatus.SUCCESS
+    wait_until(lambda: ui.dest.execute("SELECT count(*) FROM mirror.orders WHERE status = 'poison'") == [(2,)],
+               120, "both retried messages delivered")
+    wait_until(lambda: not _parked_rows(ui), 60, "the check's table emptied")
+    wait_until(lambda: ui.instance.fetch_materializations(SINK, limit=1).records, 60, "the sink's materialization")
+    # Caught up, the sink reads synced: right after the change log records a version it is "Unsynced" until
+    # its own next record names it (within delivery.report_seconds, here 5 s).
+    wait_until(lambda: _gql(ui, STALE, {"k": [{"path": SINK.path}]})["assetNodes"][0]["staleStatus"] == "FRESH",
+               30, "the caught-up sink to read synced")
+    sink = _latest_metadata(ui, SINK)  # positions in PostgreSQL's notation, no empty values
+    assert "/" in sink["offset"].value and sink["offset"].value == sink["offset_lsn"].value
+    assert all(getattr(v, "value", v) not in (None, "", "None") for v in sink.values()), sink
+    assert "dagster/column_schema" not in sink  # two tables: no one table's columns

@@ -79,17 +79,19 @@ def test_a_caught_up_sink_follows_the_change_logs_versions() -> None:
 def test_a_lagging_sink_names_its_own_offset() -> None:
     pace = SinkPace(every=60, at=0.0, caught_up=False)
     assert pace.input_version(30.0, (5, 0), "100:0", 29.0, drained=False) is None  # too soon
-    assert pace.input_version(61.0, (5, 0), "100:0", 60.0, drained=False) == "5:0"
+    assert pace.input_version(61.0, (5, 0), "100:0", 60.0, drained=False) == "0/5:0"  # its own offset
     pace.recorded((5, 0), "5:0", "100:0", 61.0)
     assert pace.input_version(200.0, (5, 0), "100:0", 190.0, drained=False) is None  # did not move
 
 
 def test_versions_are_positions_and_tags_carry_provenance() -> None:
-    assert position_version((123, 4)).value == "123:4" and version_position("123:4") == (123, 4)
+    assert position_version((123, 4)).value == "0/7B:4" and version_position("0/7B:4") == (123, 4)
+    assert position_version((0x16B374D848, 0)).value == "16/B374D848:0"
+    assert version_position("123:4") == (123, 4)  # a version recorded before, in the log's own notation
     assert version_position("a1b2c3") is None and version_position(None) is None
     tags = provenance_tags(position_version((9, 1)), "run-1", {AssetKey(["cdc", "change_log"]): ("9:1", 42),
                                                                  AssetKey(["source", "t"]): ("INITIAL", None)})
-    assert tags["dagster/data_version"] == "9:1" and tags["dagster/code_version"] == "run-1"
+    assert tags["dagster/data_version"] == "0/9:1" and tags["dagster/code_version"] == "run-1"
     assert tags["dagster/input_data_version/cdc/change_log"] == "9:1"
     assert tags["dagster/input_event_pointer/cdc/change_log"] == "42"
     assert tags["dagster/input_event_pointer/source/t"] == "NULL"
@@ -103,7 +105,7 @@ def test_without_the_change_log_in_dagster_a_sink_records_every_report_seconds()
         if got is not None:
             pace.recorded((t, 0), got, None, float(t))
             times.append((t, got))
-    assert times == [(t, f"{t}:0") for t in range(60, 600, 60)]
+    assert times == [(t, position_version((t, 0)).value) for t in range(60, 600, 60)]
 
 
 def test_a_sink_covers_the_logs_version_at_or_before_its_offset_or_when_drained() -> None:
