@@ -42,7 +42,7 @@ class _Figures(OffsetKeeper):
     """The run's figures only: the offset stays where it is."""
 
     def settle(self, conn: psycopg.Connection, stats: DeliveryStats, last: Position, delivered: int,
-               filtered: int, parked: int, last_ts: datetime | None) -> Position:
+               filtered: int, parked: int, last_ts: datetime | None, read: int = 0) -> Position:
         stats.delivered += delivered
         return last
 
