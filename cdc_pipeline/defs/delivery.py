@@ -67,6 +67,7 @@ from cdc_pipeline.defs.versions import (
     upstream_inputs,
     version_position,
 )
+from cdc_pipeline.delivery.dry_run import DryRun
 from cdc_pipeline.delivery.engine import Deliverer, DeliveryStats
 from cdc_pipeline.ops.readiness import deliverers_not_waiting
 from cdc_pipeline.ops.run_ports import run_port
@@ -113,9 +114,9 @@ def build_sink_asset(sink: SinkConfig, spec: AssetSpec, log_key: AssetKey) -> As
             context.log.info(f"no delivery of {sink.name} runs: catching up until idle (at most {seconds:.0f} s); "
                              "the cdc_delivery_sensor keeps the long-lived delivery runs")
         wait_for_predecessor(context, context.log)  # a successor: Spark is warm, take over without a gap
-        destination = None if config.dry_run else sinks.build(sink.name)
-        deliverer = Deliverer(pipeline, sink_config, pyspark.spark_session, sink=destination,
-                              dry_run=config.dry_run, lane=config.lane)
+        spark = pyspark.spark_session
+        deliverer = (DryRun(pipeline, sink_config, spark, lane=config.lane) if config.dry_run else
+                     Deliverer(pipeline, sink_config, spark, sink=sinks.build(sink.name), lane=config.lane))
         # What the sink's latest materialization named (a run before this one's): the UI changes only when needed.
         pace = SinkPace(pipeline.delivery.report_seconds, time.monotonic(),
                         named=latest(context.instance, key, log_key).version)
