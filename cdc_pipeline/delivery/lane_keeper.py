@@ -47,6 +47,8 @@ def send_lock(name: str) -> str:
 
 
 class LaneKeeper:
+    locks = True  # takes the lane's locks (a dry run takes none: dry_run.py)
+
     def __init__(self, sink: str, lane: int, lanes: int, store: Store, stop: threading.Event) -> None:
         if not 0 <= lane < lanes:
             raise ValueError(f"sink {sink!r} has {lanes} lane(s): --lane must be 0 to {lanes - 1}, not {lane}")

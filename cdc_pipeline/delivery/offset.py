@@ -6,6 +6,7 @@ reads and whatever sends next settle the same way."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from datetime import datetime
 
 import psycopg
@@ -24,6 +25,17 @@ class OffsetKeeper:
         self.sink = sink
         self.lane = lane
         self.waiting = False  # a wait for the destination is recorded in the state database
+
+    def start(self, conn: psycopg.Connection, tables: Sequence[str], held: Position | None) -> Position:
+        """A session's offset: the recorded one, or the position the destination committed itself (``held``) when
+        it is further (the sink committed before we did: it is recorded now). Commits."""
+        offset = self.store.sink_offset(conn, self.sink, self.lane)
+        if held is not None and held > offset:
+            done = self.store.count_after(conn, tables, offset, sink=self.sink, upto=held)
+            self.store.advance_offset(conn, self.sink, held, done, 0, 0, None, self.lane)
+            offset = held
+        conn.commit()
+        return offset
 
     def settle(self, conn: psycopg.Connection, stats: DeliveryStats, last: Position, delivered: int,
                filtered: int, parked: int, last_ts: datetime | None, read: int = 0) -> Position:
