@@ -16,6 +16,7 @@ from typing import Any
 
 from dagster import (
     AssetCheckExecutionContext,
+    AssetCheckKey,
     AssetCheckResult,
     AssetChecksDefinition,
     AssetExecutionContext,
@@ -46,16 +47,24 @@ from cdc_pipeline.config.errors import describe_error
 from cdc_pipeline.core.positions import Position, position_lsn_text
 from cdc_pipeline.defs.asset_data import ChangeLogData, SourceTableData
 from cdc_pipeline.defs.backfill_pool import BACKFILL_POOL
-from cdc_pipeline.defs.health import SLOT_LAG_CHECK, SLOT_LAG_DESCRIPTION, log_head, slot_check, slot_figures
+from cdc_pipeline.defs.handover import Handover
+from cdc_pipeline.defs.health import (
+    SLOT_LAG_CHECK,
+    SLOT_LAG_DESCRIPTION,
+    log_head,
+    log_rows,
+    slot_check,
+    slot_figures,
+)
 from cdc_pipeline.defs.materialize import CATCH_UP_SECONDS, clicked, drain_elsewhere
 from cdc_pipeline.defs.pacing import CheckGate, LogPace
 from cdc_pipeline.defs.resources import CdcConfigResource
 from cdc_pipeline.defs.run_metrics import run_metrics
 from cdc_pipeline.defs.runs import next_run, wait_for_predecessor
 from cdc_pipeline.defs.streaming import EVENT_SECONDS, stream_while
-from cdc_pipeline.defs.tags import AFTER_TAG, DRAIN_TAGS, NO_RUN_RETRIES
+from cdc_pipeline.defs.tags import AFTER_TAG, DRAIN_TAGS, NO_RUN_RETRIES, ROW_COUNT
 from cdc_pipeline.defs.translator import CdcTranslator, asset_args, source_tables
-from cdc_pipeline.defs.versions import position_version, provenance_tags, upstream_inputs
+from cdc_pipeline.defs.versions import STREAM_VERSION, provenance_tags, upstream_inputs
 from cdc_pipeline.ops.readiness import drain_streaming
 from cdc_pipeline.ops.run_ports import run_port
 
@@ -100,13 +109,16 @@ def build_change_log_asset(spec: AssetSpec, tables: list[str]) -> AssetsDefiniti
         drain = Drain(pipeline)
         pace = LogPace(pipeline.drain.report_seconds, time.monotonic())
         gate = CheckGate()
+        handover = Handover(context, [AssetCheckKey(key, SLOT_LAG_CHECK)], gate.last.keys, drain.stop)
         context.log.info(f"draining slot {pipeline.source.slot!r} for {seconds:.0f} s")
 
         def materialization(figures: dict[str, Any], head: Position) -> tuple[DataVersion, dict[str, Any],
                                                                                dict[str, str]]:
-            version = position_version(head)
-            tags = provenance_tags(version, context.run_id, upstream_inputs(context.instance, sources))
-            return version, {**figures, "log_head": version.value, "log_head_lsn": position_lsn_text(head)}, tags
+            # The stream's version, not the head's (defs/versions.py): the sinks that keep up stay synced.
+            tags = provenance_tags(STREAM_VERSION, context.run_id, upstream_inputs(context.instance, sources))
+            head_text = position_lsn_text(head)
+            return STREAM_VERSION, {**figures, "log_head": head_text, "log_head_lsn": head_text,
+                                    ROW_COUNT: log_rows(pipeline)}, tags
 
         def poll() -> list[Any]:
             figures = drain_figures(pipeline)
@@ -116,7 +128,9 @@ def build_change_log_asset(spec: AssetSpec, tables: list[str]) -> AssetsDefiniti
                 pace.recorded(head, time.monotonic())
                 _, metadata, tags = materialization(figures, head)
                 events.append(AssetMaterialization(key, metadata=metadata, tags=tags))
-            return events + gate.changed([slot_check(pipeline, key, figures)])
+            events += gate.changed([slot_check(pipeline, key, figures)])
+            handover.poll()  # a check executed by hand took the check's latest record (defs/handover.py)
+            return events
 
         # The same /metrics, /healthz, /readyz as `drain --metrics-port`, on the drain's port of the map.
         with run_metrics(context.log, pipeline, run_port(pipeline), lambda: [drain], [drain_streaming(drain)]):

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from dagster import (
+    AssetCheckKey,
     AssetExecutionContext,
     AssetKey,
     AssetMaterialization,
@@ -40,17 +41,32 @@ from cdc_pipeline.core.lanes import lane_name
 from cdc_pipeline.core.positions import START, position_lsn_text
 from cdc_pipeline.defs.asset_data import ChangeLogData, SinkData
 from cdc_pipeline.defs.columns import column_schema, sink_table
-from cdc_pipeline.defs.health import failed_job_name, sink_checks, sink_figures
+from cdc_pipeline.defs.handover import Handover
+from cdc_pipeline.defs.health import (
+    PARKED_CHECK,
+    SINK_LAG_CHECK,
+    failed_job_name,
+    keeps_up,
+    sink_checks,
+    sink_figures,
+)
 from cdc_pipeline.defs.materialize import CATCH_UP_SECONDS, clicked, delivery_elsewhere
-from cdc_pipeline.defs.pacing import CheckGate, ParkedWarning, SinkPace, covers
+from cdc_pipeline.defs.pacing import CheckGate, ParkedWarning, SinkPace
 from cdc_pipeline.defs.resources import CdcConfigResource, SinksResource, SparkResource
 from cdc_pipeline.defs.run_metrics import run_metrics
 from cdc_pipeline.defs.runs import next_run, wait_for_predecessor
 from cdc_pipeline.defs.sink_checks import build_sink_checks
 from cdc_pipeline.defs.streaming import EVENT_SECONDS, stream_while
-from cdc_pipeline.defs.tags import AFTER_TAG, NO_RUN_RETRIES, delivery_run_tags
+from cdc_pipeline.defs.tags import AFTER_TAG, NO_RUN_RETRIES, ROW_COUNT, delivery_run_tags
 from cdc_pipeline.defs.translator import CdcTranslator, asset_args
-from cdc_pipeline.defs.versions import Recorded, latest, provenance_tags, upstream_inputs, version_position
+from cdc_pipeline.defs.versions import (
+    DEFAULT_VERSION,
+    Recorded,
+    latest,
+    provenance_tags,
+    upstream_inputs,
+    version_position,
+)
 from cdc_pipeline.delivery.dry_run import DryRun
 from cdc_pipeline.delivery.engine import Deliverer, DeliveryStats
 from cdc_pipeline.ops.readiness import deliverers_not_waiting
@@ -101,8 +117,12 @@ def build_sink_asset(sink: SinkConfig, spec: AssetSpec, log_key: AssetKey) -> As
         spark = pyspark.spark_session
         deliverer = (DryRun(pipeline, sink_config, spark, lane=config.lane) if config.dry_run else
                      Deliverer(pipeline, sink_config, spark, sink=sinks.build(sink.name), lane=config.lane))
-        pace = SinkPace(pipeline.delivery.report_seconds, time.monotonic())
+        # What the sink's latest materialization named (a run before this one's): the UI changes only when needed.
+        pace = SinkPace(pipeline.delivery.report_seconds, time.monotonic(),
+                        named=latest(context.instance, key, log_key).version)
         gate = CheckGate()
+        handover = Handover(context, [AssetCheckKey(key, name) for name in (SINK_LAG_CHECK, PARKED_CHECK)],
+                            gate.last.keys, deliverer.stop)
         parked_warning = ParkedWarning()
         rate = {"delivered": None, "at": time.monotonic()}
         one_table = sink_table(sink_config)
@@ -117,8 +137,11 @@ def build_sink_asset(sink: SinkConfig, spec: AssetSpec, log_key: AssetKey) -> As
                       **upstream_inputs(context.instance, others)}
             return version, provenance_tags(version, context.run_id, inputs)
 
+        def metadata(figures: dict[str, Any]) -> dict[str, Any]:  # dagster/row_count: the messages it applied
+            return {**shown(figures), ROW_COUNT: figures["delivered_total"], **columns()}
+
         def poll() -> list[Any]:
-            log = latest(context.instance, log_key)  # before the figures: they are at least as new
+            log = latest(context.instance, log_key)
             figures = sink_figures(pipeline, sink_config)
             now = time.monotonic()
             if rate["delivered"] is not None:
@@ -126,16 +149,17 @@ def build_sink_asset(sink: SinkConfig, spec: AssetSpec, log_key: AssetKey) -> As
                     (figures["delivered_total"] - rate["delivered"]) / max(1e-3, now - rate["at"]), 1)
             rate.update(delivered=figures["delivered_total"], at=now)
             offset = version_position(figures["offset"]) or START
-            log_at = None if log.timestamp is None else now - (time.time() - log.timestamp)
-            log_input = pace.input_version(now, offset, log.version, log_at, drained=figures["lag_messages"] == 0)
+            log_input = pace.input_version(now, offset, log.version or DEFAULT_VERSION, keeps_up(pipeline, figures))
             events: list[Any] = []
             if log_input is not None:
-                pace.recorded(offset, log_input, log.version, now)
+                pace.recorded(offset, log_input, now)
                 _, tags = materialization(figures, log, log_input)
-                events.append(AssetMaterialization(key, metadata={**shown(figures), **columns()}, tags=tags))
+                events.append(AssetMaterialization(key, metadata=metadata(figures), tags=tags))
             if parked_warning.due(int(figures.get("parked") or 0), now):
                 context.log.warning(parked_line(sink.name, figures))
-            return events + gate.changed(sink_checks(pipeline, key, figures, sink.name))
+            events += gate.changed(sink_checks(pipeline, key, figures, sink.name))
+            handover.poll()  # a check executed by hand took the check's latest record (defs/handover.py)
+            return events
 
         # The same /metrics, /healthz, /readyz as `deliver --sink S --lane I --metrics-port`, on the lane's
         # port of the map (none for a dry run, as in the CLI).
@@ -150,12 +174,11 @@ def build_sink_asset(sink: SinkConfig, spec: AssetSpec, log_key: AssetKey) -> As
                 lambda result: context.log.info(_stopped(sink.name, result)))
         log = latest(context.instance, log_key)
         figures = sink_figures(pipeline, sink_config)
-        offset = version_position(figures["offset"]) or START
-        held = covers(log.version, offset, drained=figures["lag_messages"] == 0)
-        version, tags = materialization(figures, log, log.version if held and log.version else figures["offset"])
+        log_input = (log.version or DEFAULT_VERSION) if keeps_up(pipeline, figures) else figures["offset"]
+        version, tags = materialization(figures, log, log_input)
         yield from sink_checks(pipeline, key, figures, sink.name)
         yield MaterializeResult(
-            metadata={**shown({**stats.as_metadata(), **figures, "dry_run": config.dry_run}), **columns()},
+            metadata=metadata({**stats.as_metadata(), **figures, "dry_run": config.dry_run}),
             data_version=version,
             tags=tags)
 

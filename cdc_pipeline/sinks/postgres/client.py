@@ -54,6 +54,7 @@ class PostgresSink(Sink):
         self._shapes: dict[str, tuple[tuple[str, ...], TableInfo]] = {}
         self._pending: dict[str, tuple[tuple[str, ...], TableInfo]] = {}  # synced in the open transaction
         self._position: tuple[int, int] = (0, -1)  # of the batch being applied
+        self._plain = typed.PlainInserts()  # runs of typed reads into an empty key range: INSERT, no MERGE
 
     # -- capabilities (sinks/base.py): a mirror acts on truncates and writes the source's values, typed ----
     @classmethod
@@ -141,7 +142,7 @@ class PostgresSink(Sink):
                 if rows != run.count:
                     raise _RunMismatch(f"typed run: {run.count} reads expected, {rows} relayed")
                 if len(run.shapes) == 1:
-                    typed.apply_one_shape(conn, rows, run.tables, run.shapes[0], self._sync_table)
+                    typed.apply_one_shape(conn, rows, run.tables, run.shapes[0], self._sync_table, self._plain)
                 else:
                     self._mirror(rows, list(run.shapes))
                 self._record(run.last)
@@ -329,7 +330,7 @@ class PostgresSink(Sink):
                     if shape == typed.JSON_RUN:
                         self._mirror_segment(target, info, schema, name, lo, hi + 1)
                     else:
-                        typed.apply_run(conn, target, info, schema, name, shapes[shape], shape, lo, hi)
+                        typed.apply_run(conn, target, info, schema, name, shapes[shape], shape, lo, hi, self._plain)
                 if kinds.get(cut) == "truncate":
                     conn.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(*target)))
                 elif kinds.get(cut) == "schema":
