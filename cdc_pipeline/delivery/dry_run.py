@@ -63,7 +63,7 @@ class _Unlocked(LaneKeeper):
 
     locks = False
 
-    def join(self, conn: psycopg.Connection, sink: Sink | None, first: bool) -> None:
+    def join(self, conn: psycopg.Connection, sink: Sink, first: bool) -> None:
         pass
 
     def superseded(self, conn: psycopg.Connection) -> bool:

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
-from cdc_pipeline.backfill.typed import takes_typed
 from cdc_pipeline.config import PipelineConfig, SinkConfig
 from cdc_pipeline.delivery.enrichment import Enricher
 from cdc_pipeline.delivery.feed import Feed
@@ -41,8 +40,8 @@ from cdc_pipeline.delivery.staging import Stager
 from cdc_pipeline.delivery.stats import DeliveryStats
 from cdc_pipeline.delivery.turn import SendTurn
 from cdc_pipeline.postgres import session
-from cdc_pipeline.sinks import build_sink
-from cdc_pipeline.sinks.base import OutboundMessage, Sink
+from cdc_pipeline.sinks import build_sink, takes_typed
+from cdc_pipeline.sinks.base import OutboundMessage, Sink, SinkContext
 from cdc_pipeline.state import notify
 from cdc_pipeline.state.store import Position, Store
 
@@ -72,10 +71,15 @@ class Deliverer:
                  sink: Sink | None = None, lane: int = 0, parts: Parts = Parts()) -> None:
         self.config, self.sink_config, self.spark = config, sink_config, spark
         self.store = store = Store(config.state.schema_name)
-        self.sink = sink or build_sink(sink_config)
+        self.tables = tables = SourceTables(store, config.state_dsn)
+        # What the sink gets from its delivery (sinks/base.py); its session's state connection is set per session.
+        self.context = SinkContext(sink_config.name, config.state.schema_name, config.state_dsn, spark,
+                                   describe=lambda table: tables.describe(self.context.state, table))
+        if sink is not None:  # built elsewhere (Dagster's sinks resource, a test): handed the context now
+            sink.context = self.context
+        self.sink = sink or build_sink(sink_config, context=self.context)
         self.limits = self.sink.limits()  # what the sink takes at once
         self.batch_size = sink_config.batch_size or config.delivery.batch_size  # log rows per call to the sink
-        self.tables = tables = SourceTables(store, config.state_dsn)
         self.enricher = (Enricher(config.source.dsn, sink_config.enrichment, tables.primary_key)
                          if sink_config.enrichment else None)  # enrichment.py
         self._stop = threading.Event()
@@ -117,20 +121,17 @@ class Deliverer:
 
     def _session(self, stats: DeliveryStats, started: float, until_idle: bool, seconds: float | None,
                  first: bool) -> None:
-        sink = self.sink
+        sink, name = self.sink, self.sink_config.name
         with session.connect(self.config.state_dsn, application_name=f"cdc-pipeline deliver {self.lane.name}") as conn:
             try:
+                self.context.state = conn
                 sink.open()  # before the lane is joined: a change of split reads the destination's positions
                 self.lane.join(conn, sink, first)
-                sink.prepare(lambda table: self.tables.describe(conn, table))
-                sink.bind_state(conn, self.config.state.schema_name)
-                sink.bind_spark(self.spark)  # parquet writes through our (lazily started) session
-                offset = self.offsets.start(conn, self.sink_config.tables, sink.position())
+                offset = self.offsets.start(conn, self.sink_config.tables, sink.own_position, self.context.position_key)
                 stats.waiting = None  # both databases answer again (the recorded wait ends at the next send)
                 offset = self.housekeeping.start(conn, offset)
                 stats.offset = offset = self._loop(conn, offset, stats, started, until_idle, seconds)
-                stats.lag_messages = self.store.count_after(conn, self.sink_config.tables, offset,
-                                                            sink=self.sink_config.name)
+                stats.lag_messages = self.store.count_after(conn, self.sink_config.tables, offset, sink=name)
                 conn.commit()
                 stats.waiting = None
             finally:

@@ -26,7 +26,7 @@ def deliver_in_order(sink: Sink, messages: Sequence[OutboundMessage],
             pos = position_of(messages[i])
             ceiling = pos if ceiling is None else min(ceiling, pos)
         seen = len(order.parked)
-        sink.hold_position_below(ceiling)
+        sink.context.ceiling = ceiling
         try:
             results = sink.deliver([messages[i] for i in call])
         except SinkUnavailable as exc:

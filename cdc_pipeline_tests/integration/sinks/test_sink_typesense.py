@@ -29,7 +29,7 @@ TABLE = TableInfo("public", "items", tuple(ColumnInfo(n, t, 0, False, pk) for n,
 def sink_of(server: TypesenseServer, **kw: Any) -> Sink:
     dest = TypesenseDestination(endpoint_url=server.url, api_key=kw.pop("api_key", TYPESENSE_KEY), **kw)
     sink = build_sink(SimpleNamespace(name=unique("ts"), destination=dest), {})
-    sink.prepare(lambda table: TABLE if table == "public.items" else None)
+    sink.context.describe = lambda table: TABLE if table == "public.items" else None
     return sink
 
 
