@@ -41,7 +41,7 @@ CREATE TRIGGER lag_log AFTER INSERT ON mirror.orders FOR EACH ROW EXECUTE FUNCTI
 """
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str, step: float = 0.5) -> Any:
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, step: float = 0.1) -> Any:
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()

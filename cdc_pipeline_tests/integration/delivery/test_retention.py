@@ -5,13 +5,11 @@ high watermark. Had retention deleted the change, the page's stale read would ov
 
 from __future__ import annotations
 
-import time
-
 import psycopg
 
 from cdc_pipeline.admin.setup import setup
 from cdc_pipeline.state.store import Store
-from cdc_pipeline_tests.helpers import assert_mirrored, backfill_page, deliver, drain
+from cdc_pipeline_tests.helpers import assert_mirrored, backfill_page, deliver, drain, wait_until
 from cdc_pipeline_tests.integration.backfill.test_backfill import backfill_config
 
 RETENTION_HOURS = 1 / 3600  # one second
@@ -21,6 +19,18 @@ def log_actions(dsn: str) -> list[tuple[str, str]]:
     with psycopg.connect(dsn) as conn:
         return [(r[0], r[1]) for r in conn.execute(
             "SELECT pk, action FROM cdc_pipeline.change_log ORDER BY commit_lsn, commit_idx").fetchall()]
+
+
+def wait_older_than_retention(dsn: str) -> None:
+    """Until every logged change is older than the retention by the state database's clock (the one
+    retention compares with): a condition, not a fixed sleep of the retention plus a margin."""
+    def old_enough() -> bool:
+        with psycopg.connect(dsn) as conn:
+            row = conn.execute("SELECT coalesce(max(commit_ts) < now() - make_interval(secs => %s), true) "
+                               "FROM cdc_pipeline.change_log", (RETENTION_HOURS * 3600,)).fetchone()
+        return bool(row and row[0])
+
+    wait_until(old_enough, 60, "the logged changes to pass the retention")
 
 
 def test_retention_keeps_what_an_open_page_and_an_idle_sink_need(source_db, db_factory, write_config, spark) -> None:
@@ -41,7 +51,7 @@ def test_retention_keeps_what_an_open_page_and_an_idle_sink_need(source_db, db_f
         source_db.execute("UPDATE public.t SET v = 'new' WHERE id = 5")
         drain(config)  # the change is logged; the page waits for its high watermark
         deliver(config, spark)  # ... and delivered: the sink has passed it
-        time.sleep(2.5)  # the change is now older than the retention
+        wait_older_than_retention(config.state_dsn)  # the change is now older than the retention
         drain(config)  # a drain run ends with retention
         assert ("[5]", "update") in log_actions(config.state_dsn), "retention deleted what the page needs"
         page.close()
@@ -53,14 +63,14 @@ def test_retention_keeps_what_an_open_page_and_an_idle_sink_need(source_db, db_f
     assert assert_mirrored(source_db.dsn, "public.t", dest.dsn, "mirror.t") == 10
 
     # Nothing waits now: what every sink has passed and is old enough goes.
-    time.sleep(2.5)
+    wait_older_than_retention(config.state_dsn)
     drain(config)
     assert log_actions(config.state_dsn) == []
 
     # A sink that has not delivered yet keeps its backlog, and a parked message stays.
     source_db.execute("UPDATE public.t SET v = 'newer' WHERE id <= 3")
     drain(config)
-    time.sleep(2.5)
+    wait_older_than_retention(config.state_dsn)
     with psycopg.connect(config.state_dsn) as conn:
         s = Store("cdc_pipeline")
         assert s.apply_retention(conn, RETENTION_HOURS, ["mirror", "not_started"]) == 0
