@@ -2,6 +2,7 @@
 
     python bench/backfill.py                  # 1,000,000 rows of ~250 bytes
     python bench/backfill.py --rows 200000 --skip-dlt
+    python bench/backfill.py --rows 300000 --state-db   # state.dsn a database of its own, not the source's
 
 In one fresh PostgreSQL cluster (durable settings), on the same table:
   * `COPY (SELECT ...) TO STDOUT` of the table (and of `to_jsonb` of its rows, what a backfill reads),
@@ -121,13 +122,14 @@ def wait_rusage(proc: subprocess.Popen[bytes], timeout: float) -> tuple[int, int
         time.sleep(0.05)
 
 
-def write_config(path: Path, src: str, dst: str, page: int) -> None:
+def write_config(path: Path, src: str, dst: str, page: int, state: str | None = None) -> None:
     def sink(name: str) -> dict[str, Any]:
         return {"name": name, "tables": ["public.bench", "public.bench_warmup"],
                 "destination": {"type": "postgres", "dsn": dst, "table": name + ".{table}", "mode": "mirror"}}
 
     path.write_text(yaml.safe_dump({
         "source": {"dsn": src, "slot": "bench", "publication": "bench"},
+        **({"state": {"dsn": state}} if state else {}),
         "spark": {"master": "local[2]", "conf": {"spark.ui.showConsoleProgress": "false"}},
         "drain": {"batch_rows": 50000, "batch_ms": 200},
         "delivery": {"batch_size": 50000, "idle_seconds": 0.2},
@@ -161,12 +163,12 @@ def run_backfill(config: Path, sink: str, workdir: Path) -> tuple[float, int, di
     return seconds, rss, {**json.loads(text.strip().splitlines()[-1]), "cpu_s": cpu}
 
 
-def wait_delivered(src: str, dst: str, backfill_id: str, deliver: subprocess.Popen[bytes], t0: float,
+def wait_delivered(state: str, dst: str, backfill_id: str, deliver: subprocess.Popen[bytes], t0: float,
                    workdir: Path) -> float:
     """When the mirror holds the backfill's last read: the sink records its position in the destination in
     the transaction that writes the rows, so that is polled (a cheap read) instead of counting the mirror,
     which would scan it 20 times a second and take CPU from what is measured. Returns the time it did."""
-    with connect(src) as conn:
+    with connect(state) as conn:
         # Its last page's reads share that page's high watermark LSN (an index look-up, not a log scan).
         last = conn.execute("SELECT commit_lsn, commit_idx FROM cdc_pipeline.change_log WHERE backfill_id = %s "
                             "AND commit_lsn = (SELECT max(high_lsn) FROM cdc_pipeline.backfill_pages "
@@ -200,6 +202,21 @@ def measured_cpu(cluster: embedded.EmbeddedPostgres, run: Any) -> tuple[Any, flo
     return result, after[0] - before[0] + children
 
 
+def backend_cpu(dsn: str) -> list[tuple[str, float]]:
+    """CPU seconds of each live server process by what it serves (since it started: the drain's and the
+    deliverer's sessions began just before the measured run; the backfill's sessions have ended)."""
+    with connect(dsn) as conn:
+        rows = conn.execute("SELECT pid, backend_type, application_name, datname FROM pg_stat_activity").fetchall()
+    spent = []
+    for pid, kind, app, db in rows:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except FileNotFoundError:
+            continue
+        spent.append((f"{kind} {app or ''} {db or ''}".strip(), (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")))
+    return sorted(spent, key=lambda x: -x[1])
+
+
 def stop(*procs: subprocess.Popen[bytes]) -> None:
     for proc in procs:
         if proc.poll() is None:
@@ -210,10 +227,12 @@ def stop(*procs: subprocess.Popen[bytes]) -> None:
                 proc.kill()
 
 
-def pipeline(cluster: embedded.EmbeddedPostgres, workdir: Path, rows: int, page: int) -> dict[str, Any]:
+def pipeline(cluster: embedded.EmbeddedPostgres, workdir: Path, rows: int, page: int,
+             state_db: bool = False) -> dict[str, Any]:
     src, dst = cluster.dsn("bench_src"), cluster.dsn("bench_dst")
+    state = cluster.dsn("bench_state") if state_db else src
     config = workdir / "cdc.yaml"
-    write_config(config, src, dst, page)
+    write_config(config, src, dst, page, state if state_db else None)
     subprocess.run([CLI, "--config", str(config), "setup"], check=True, capture_output=True)
     out: dict[str, Any] = {}
     drain = spawn(config, "drain", log_path=workdir / "drain.log")
@@ -228,14 +247,16 @@ def pipeline(cluster: embedded.EmbeddedPostgres, workdir: Path, rows: int, page:
         try:
             warm(src, dst, "mirror", 1, [drain, deliver], workdir)
             ours = [cluster_pid(cluster), drain.pid, deliver.pid]
-            cpu0 = sum(map(tree_cpu, ours))
+            cpu0 = [tree_cpu(p) for p in ours]
             t0 = time.perf_counter()
             seconds, rss, result = run_backfill(config, "mirror", workdir)
             out.update(backfill_s=seconds, rss=rss, result=result)
             log(f"  2. end to end: backfill done after {seconds:.1f} s (delivery running alongside); "
                 "waiting for the mirror")
-            out["e2e_s"] = wait_delivered(src, dst, result["backfill_id"], deliver, t0, workdir) - t0
-            out["e2e_cpu"] = sum(map(tree_cpu, ours)) - cpu0 + result["cpu_s"]
+            out["e2e_s"] = wait_delivered(state, dst, result["backfill_id"], deliver, t0, workdir) - t0
+            split = [tree_cpu(p) - c for p, c in zip(ours, cpu0, strict=True)] + [result["cpu_s"]]
+            out["e2e_cpu"], out["e2e_split"] = sum(split), split
+            out["backends"] = backend_cpu(src)
             if count(dst, "mirror.bench") != rows:
                 raise RuntimeError(f"the mirror does not hold the {rows:,} rows; see {workdir}")
         finally:
@@ -243,11 +264,13 @@ def pipeline(cluster: embedded.EmbeddedPostgres, workdir: Path, rows: int, page:
     finally:
         stop(drain)
     log(f"     end to end (until the mirror holds every row): {out['e2e_s']:.1f} s = {rows / out['e2e_s']:,.0f} "
-        f"rows/s; backfill process peak RSS {out['rss'] / 2**20:,.0f} MiB; {out['e2e_cpu']:.1f} CPU-seconds "
-        "(server, drain, deliverer, backfill)")
+        f"rows/s; backfill process peak RSS {out['rss'] / 2**20:,.0f} MiB; {out['e2e_cpu']:.1f} CPU-seconds: "
+        + ", ".join(f"{name} {c:.1f}" for name, c in zip(("server", "drain", "deliverer", "backfill"), out["e2e_split"],
+                                                         strict=True)))
+    log("     server processes by CPU-seconds: " + "; ".join(f"{name} {c:.1f}" for name, c in out["backends"][:6]))
     # 3. Where delivery's time goes: the same 1M reads (sink "solo") delivered in this process, timed.
     out["delivery"] = timed_delivery(config, rows)
-    with connect(src) as conn:
+    with connect(state) as conn:
         pages = conn.execute("SELECT count(*), max(page_size), avg(read_ms)::float8, sum(read_ms)::float8 "
                              "FROM cdc_pipeline.backfill_pages p JOIN cdc_pipeline.backfills b ON b.id = p.backfill_id "
                              "WHERE 'solo' = ANY(b.sinks)").fetchone()
@@ -400,6 +423,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--page", type=int, default=50_000, help="backfill.max_page_size")
+    ap.add_argument("--state-db", action="store_true",
+                    help="state in a database of its own (state.dsn), not the source's (the default)")
     ap.add_argument("--skip-dlt", action="store_true")
     ap.add_argument("--skip-sling", action="store_true")
     ap.add_argument("--keep", action="store_true", help="keep the cluster folder (its path is printed)")
@@ -412,7 +437,7 @@ def main() -> int:
     figures: dict[str, Any] = {}
     cpu: dict[str, float] = {}  # CPU seconds of each end-to-end copy, server included: a load-independent cost
     try:
-        for db in ("bench_src", "bench_dst", "dlt_dst", "sling_dst"):
+        for db in ("bench_src", "bench_dst", "dlt_dst", "sling_dst", "bench_state"):
             cluster.create_database(db)
         src = cluster.dsn("bench_src")
         log(f"filling public.bench with {args.rows:,} rows ...")
@@ -427,7 +452,7 @@ def main() -> int:
         log(f"COPY (SELECT to_jsonb(b) ...) TO STDOUT: {n:,} rows in {secs:.2f} s = {n / secs:,.0f} rows/s")
 
         log("cdc_pipeline: backfill -> drain reconciliation -> Spark delivery -> Postgres mirror ...")
-        run = pipeline(cluster, root, args.rows, args.page)
+        run = pipeline(cluster, root, args.rows, args.page, args.state_db)
         figures["backfill_alone"] = args.rows / run["alone_s"]
         figures["delivery_alone"] = run["delivery"]["rate"]
         figures["e2e"] = args.rows / run["e2e_s"]
