@@ -25,6 +25,7 @@ from cdc_pipeline.defs.versions import STREAM_VERSION
 from cdc_pipeline.delivery.spark_stage import spark_session
 from cdc_pipeline.state.store import Store
 from cdc_pipeline_tests.helpers import assert_mirrored, deliver, drain, mirror_config, wait_until
+from cdc_pipeline_tests.integration.delivery.test_backlog import wait_past_limit
 
 LOG = AssetKey(["cdc", "change_log"])
 SINK = AssetKey(["sink", "mirror"])
@@ -268,7 +269,7 @@ def test_lag_checks_fail_when_the_pipeline_stalls(source_db, db_factory, write_c
     defs = _defs(tmp_path / "cdc.yaml")
     source_db.execute("INSERT INTO t VALUES (1)")
     drain(config)
-    time.sleep(1.5)  # nothing delivers: the change is older than delivery.max_lag_seconds
+    wait_past_limit(config, hours=1 / 3600)  # nothing delivers: the change is older than delivery.max_lag_seconds
     with DagsterInstance.ephemeral() as instance:
         _tick.cursor = None  # type: ignore[attr-defined]
         data = _tick(defs, instance, "cdc_delivery_sensor")
