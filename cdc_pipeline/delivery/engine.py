@@ -41,7 +41,8 @@ from cdc_pipeline.delivery.plan import SinkPlan
 from cdc_pipeline.delivery.reader import Blocks, Reader, Staged
 from cdc_pipeline.delivery.relay import Relay
 from cdc_pipeline.delivery.schedule.calls import Call
-from cdc_pipeline.delivery.schedule.dispatch import deliver_in_order
+from cdc_pipeline.delivery.schedule.dispatch import Dispatch
+from cdc_pipeline.delivery.schedule.limits import resolve as resolve_limits
 from cdc_pipeline.delivery.schedule.settle import Settler
 from cdc_pipeline.delivery.schedule.window import CallWindow
 from cdc_pipeline.delivery.staging import Stager
@@ -50,7 +51,7 @@ from cdc_pipeline.delivery.turn import SendTurn
 from cdc_pipeline.postgres import session
 from cdc_pipeline.postgres.catalog import TableInfo
 from cdc_pipeline.sinks import build_sink
-from cdc_pipeline.sinks.base import Limits, OutboundMessage, Sink
+from cdc_pipeline.sinks.base import OutboundMessage, Sink
 from cdc_pipeline.state import notify
 from cdc_pipeline.state.base import StateError
 from cdc_pipeline.state.store import Position, Store
@@ -106,8 +107,9 @@ class Deliverer:
         self.dry_run = dry_run
         self.dry_run_out = dry_run_out or sys.stdout
         self.sink = None if dry_run else (sink or build_sink(sink_config))
-        self.limits = self.sink.limits() if self.sink is not None else Limits()  # what the sink takes at once
-        self.batch_size = sink_config.batch_size or config.delivery.batch_size  # log rows per call to the sink
+        # What the sink takes at once, and the log rows of a call settled on its own (schedule/limits.py).
+        self.limits, self.batch_size = resolve_limits(config, sink_config, self.sink)
+        self.dispatch = Dispatch(self.sink, self.limits) if self.sink is not None else None  # schedule/dispatch.py
         self.enricher = (Enricher(config.source.dsn, sink_config.enrichment, self._key_columns)
                          if sink_config.enrichment else None)  # enrichment.py
         self._stop = threading.Event()
@@ -349,8 +351,8 @@ class Deliverer:
         from the window's threads too: the destination's liveness is noted as the results come."""
         if not messages:
             return []
-        assert self.sink is not None
-        results = deliver_in_order(self.sink, messages, kept_back)
+        assert self.dispatch is not None
+        results = self.dispatch(messages, kept_back)
         self._live.saw(results)
         return results
 
