@@ -4,6 +4,7 @@ with their output in files, writers on their own connections, and the append sin
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import threading
 from collections import defaultdict
@@ -16,7 +17,7 @@ import psycopg
 
 from cdc_pipeline.admin.status import collect
 from cdc_pipeline.config import PipelineConfig
-from cdc_pipeline_tests.helpers import assert_mirrored, mirror_config
+from cdc_pipeline_tests.helpers import assert_mirrored, mirror_config, wait_until
 from cdc_pipeline_tests.processes import CLI
 
 
@@ -53,6 +54,33 @@ def processes(tmp: Path) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
 
 def logs(tmp: Path) -> str:
     return "\n".join(f"--- {p.name}\n{p.read_text()[-2500:]}" for p in sorted(tmp.glob("p*.log")))
+
+
+class Pipeline:
+    """`drain` and `deliver` of one config running as users run them (``streaming``)."""
+
+    def __init__(self, start: Callable[..., subprocess.Popen[bytes]], config: PipelineConfig, tmp: Path) -> None:
+        self.start, self.path, self.tmp = start, str(config.path), tmp
+        self.drain = start("--config", self.path, "drain")
+        self.deliver = start("--config", self.path, "deliver")
+
+    def run(self, *args: str, timeout: float = 180) -> None:
+        """Another command of the same config, to its end: it must succeed."""
+        proc = self.start("--config", self.path, *args)
+        assert proc.wait(timeout) == 0, logs(self.tmp)
+
+    def stop_when(self, done: Callable[[], bool], timeout: float = 120) -> None:
+        """Once ``done`` holds, SIGTERM both: each must end cleanly."""
+        wait_until(done, timeout, "the sinks to catch up")
+        for proc in (self.deliver, self.drain):
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(60) == 0, logs(self.tmp)
+
+
+@contextmanager
+def streaming(tmp: Path, config: PipelineConfig) -> Iterator[Pipeline]:
+    with processes(tmp) as start:
+        yield Pipeline(start, config, tmp)
 
 
 class Writers:

@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import psycopg
+from psycopg import sql
 
 from cdc_pipeline.postgres import embedded
 from cdc_pipeline_tests.helpers import wait_until
@@ -114,3 +115,14 @@ def wait_slot_synced(primary: embedded.EmbeddedPostgres, standby: embedded.Embed
 
 def promote(standby: embedded.EmbeddedPostgres) -> None:
     standby._run(standby.bin("pg_ctl"), "-D", str(standby.data_dir), "-w", "promote")
+
+
+def create_source(primary: embedded.EmbeddedPostgres, big_rows: int, dbname: str = "src") -> None:
+    """The source database both topologies' tests use: `acct` (written while the test runs) and `big`
+    (``big_rows`` rows, for a backfill)."""
+    with psycopg.connect(primary.dsn(), autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
+    with psycopg.connect(primary.dsn(dbname), autocommit=True) as conn:
+        conn.execute("CREATE TABLE acct (id integer PRIMARY KEY, ver integer NOT NULL, note text)")
+        conn.execute("CREATE TABLE big (id integer PRIMARY KEY, v text)")
+        conn.execute("INSERT INTO big SELECT g, 'v' || g FROM generate_series(1, %s) g", (big_rows,))

@@ -63,6 +63,7 @@ def collect(config: PipelineConfig) -> dict[str, Any]:
                 "lag_messages": store.count_after(conn, sink.tables, pos, sink=sink.name),
                 "delivered": offset["delivered"] if offset else 0,
                 "filtered": offset["filtered"] if offset else 0,
+                "rows_read": offset["rows_read"] if offset else 0,  # log rows read, by all its lanes
                 **store.failed_summary(conn, sink.name),
                 "updated_at": offset["updated_at"].isoformat() if offset else None,
                 # Set while a running delivery waits for its destination to come back.
@@ -73,6 +74,7 @@ def collect(config: PipelineConfig) -> dict[str, Any]:
                 out["sinks"][sink.name]["lanes"] = [{
                     "lane": r["lane"], "offset": position_text(r["position"]),
                     "offset_lsn": position_lsn_text(r["position"]), "delivered": r["delivered"],
+                    "rows_read": r["rows_read"],  # log rows this lane read: about 1/N of them when selected
                     # Log messages after the lane's offset, all lanes' (an upper bound of its own).
                     "behind_messages": store.count_after(conn, sink.tables, r["position"], sink=sink.name),
                     "waiting_for_destination": r["waiting_reason"]} for r in offset["lanes"]]

@@ -18,23 +18,23 @@ flushed position so the server never times the stream out.
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import datetime
 
 import psycopg
 from psycopg import sql
 
 from cdc_pipeline.admin import ddl_capture
-from cdc_pipeline.capture import annotations, failover, faults, gap
+from cdc_pipeline.capture import failover, faults, gap
 from cdc_pipeline.capture.changes import LogRow, RelationShape, row_change, truncate_row
 from cdc_pipeline.capture.commit_pace import CommitPace
+from cdc_pipeline.capture.drain_state import DrainStats as DrainStats  # re-exported
+from cdc_pipeline.capture.drain_state import Pass, Txn
+from cdc_pipeline.capture.logical_messages import LogicalMessages, MessageHook
 from cdc_pipeline.capture.logwriter import LogWriter
-from cdc_pipeline.capture.prefixes import DDL_PREFIX, HEARTBEAT_PREFIX, PROBE_PREFIX
+from cdc_pipeline.capture.prefixes import HEARTBEAT_PREFIX, PROBE_PREFIX
 from cdc_pipeline.capture.reconcile import watermark_hooks
 from cdc_pipeline.capture.schema_changes import SchemaChanges
 from cdc_pipeline.config import PipelineConfig, redact
@@ -48,7 +48,6 @@ log = logging.getLogger(__name__)
 
 APP_NAME = "cdc_pipeline.drain"
 _ROW_CHANGES = (pgoutput.Insert, pgoutput.Update, pgoutput.Delete)
-_PROBE_SHAPE = re.compile(rb"[0-9a-f]{32}")  # uuid4().hex: an earlier run's probe, replayed
 COPY_CHUNK = 5000
 # The state session may run a page reconciliation (one statement over a large page): generous, but a
 # hung call still ends. The source session only emits messages and reads the catalog.
@@ -58,74 +57,6 @@ SOURCE_STATEMENT_TIMEOUT_MS = 60 * 1000
 SLOT_BUSY_GRACE_S = 3.0
 # A just-stopped drain frees its lock when the server has seen it go; a new one waits that long first.
 START_LOCK_GRACE_SECONDS = 5.0
-
-# A hook for logical messages with a given prefix (backfill watermarks): called with the message, its
-# position (commit_lsn, commit_idx) and the state connection inside the drain's open transaction, after
-# every change before it was written. Returns (positions taken, rows logged): its rows take commit_idx values
-# from idx on (some may stay empty), and the drain's numbering continues after the positions taken.
-MessageHook = Callable[[pgoutput.LogicalMessage, int, int, psycopg.Connection], tuple[int, int]]
-
-
-@dataclass
-class DrainStats:
-    transactions: int = 0
-    changes: int = 0
-    skipped_transactions: int = 0
-    committed_lsn: int = 0
-    seconds: float = 0.0
-    heartbeats: int = 0
-    sessions: int = 0  # replication sessions started (1 + reconnects)
-    retries: int = 0
-    last_error: str | None = None
-    gaps: list[str] = field(default_factory=list)
-    # logical messages under one of the pipeline's prefixes whose content could not be used, by prefix
-    skipped_messages: dict[str, int] = field(default_factory=dict)
-    extra: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def rate(self) -> float:
-        return self.changes / self.seconds if self.seconds else 0.0
-
-
-@dataclass
-class _Txn:
-    """The source transaction being read: its commit position and time, the next change's index in it,
-    its annotation in force (capture/annotations.py), and whether the log already holds it."""
-
-    open: bool = False
-    lsn: int = 0
-    idx: int = 0
-    xid: int = 0
-    ts: datetime | None = None
-    note: str | None = None
-    skipping: bool = False
-
-    def begin(self, lsn: int, xid: int, ts: datetime, skipping: bool) -> None:
-        self.open, self.lsn, self.idx, self.xid, self.ts, self.note, self.skipping = True, lsn, 0, xid, ts, None, skipping
-
-    def at(self) -> tuple[int, int, int, datetime | None, str | None]:
-        """The next row's position and its transaction's facts, as the row builders take them."""
-        return self.lsn, self.idx, self.xid, self.ts, self.note
-
-
-@dataclass
-class _Pass:
-    """What one session's loop carries from message to message."""
-
-    committed: int  # the log holds everything up to here; the server was told so
-    pending_end: int = 0  # end LSN of the last complete transaction not yet committed to the log
-    pending_since: float = 0.0  # when the oldest of them ended
-    pending_changes: int = 0
-    hooked: bool = False  # a hook wrote in this batch: commit at its transaction's end (its row locks go)
-    last_heartbeat: float = 0.0
-    probe: str | None = None
-    changes_since_probe: int = 0
-    idle: bool = False
-    # A time limit may end the run only once the stream has reached the server's position at the start of
-    # this session (the first heartbeat): a transaction longer than the limit to re-read would otherwise
-    # never complete.
-    target: int | None = None
-    caught_up: bool = False
 
 
 class Drain:
@@ -143,7 +74,7 @@ class Drain:
         self._source: psycopg.Connection | None = None
         self._streamed = False  # a replication session of this process got going at least once
         self._phase = "starting"
-        self._ascii_only = False  # the state database is not UTF-8: annotations must be ASCII to be stored
+        self.messages = LogicalMessages(self.hooks, self.ddl, self.writer, self.gaps.running)
         self.stats: DrainStats | None = None
 
     def stop(self) -> None:
@@ -225,7 +156,7 @@ class Drain:
                     raise faults.LockStillHeld(f"the drain lock for slot {cfg.source.slot!r} is still held")
                 raise faults.DrainFatal(f"another drain is already running for slot {cfg.source.slot!r}")
             state.commit()
-            self._ascii_only = (state.info.parameter_status("server_encoding") or "UTF8") != "UTF8"
+            self.messages.ascii_only = (state.info.parameter_status("server_encoding") or "UTF8") != "UTF8"
             self._phase = "connecting to the source database"
             source = session.connect(cfg.source.dsn, autocommit=True, application_name=APP_NAME,
                                      statement_timeout_ms=SOURCE_STATEMENT_TIMEOUT_MS)
@@ -287,8 +218,8 @@ class Drain:
               primary: psycopg.Connection, stats: DrainStats, committed: int, deadline: float | None,
               until_idle: bool) -> None:
         cfg = self.config.drain
-        run = _Pass(committed=committed)
-        txn = _Txn()
+        run = Pass(committed=committed)
+        txn = Txn()
         pace = CommitPace(cfg.batch_rows, cfg.batch_ms)
         writer, shapes, decode = self.writer, self._shapes, pgoutput.decode
         while True:
@@ -322,7 +253,7 @@ class Drain:
             self._commit_pending(state, stream, stats, run, txn.ts, pace)
         stats.committed_lsn = max(stats.committed_lsn, run.committed)
 
-    def _between_transactions(self, primary: psycopg.Connection, run: _Pass, until_idle: bool) -> None:
+    def _between_transactions(self, primary: psycopg.Connection, run: Pass, until_idle: bool) -> None:
         """The heartbeat every heartbeat_seconds (the first one is the position the session must reach
         before a time limit may end it), and with --until-idle the probe whose return says idle; both
         written on the primary (the source itself unless it is a standby)."""
@@ -336,7 +267,7 @@ class Drain:
             run.changes_since_probe = 0
             self._emit(primary, PROBE_PREFIX, run.probe)
 
-    def _on_message(self, msg: pgoutput.Message, txn: _Txn, run: _Pass, state: psycopg.Connection,
+    def _on_message(self, msg: pgoutput.Message, txn: Txn, run: Pass, state: psycopg.Connection,
                     source: psycopg.Connection, stats: DrainStats) -> bool:
         """Act on one decoded message (a row change of a transaction being logged is the loop's own, inline);
         True at the end of a transaction."""
@@ -364,46 +295,10 @@ class Drain:
             for rid in msg.relation_ids:
                 self._log(truncate_row(self._shapes[rid], *txn.at()), txn, run, state, stats)
         elif isinstance(msg, pgoutput.LogicalMessage):
-            self._on_logical(msg, txn, run, state, source, stats)
+            self._log(self.messages.handle(msg, txn, run, state, source, stats), txn, run, state)
         return False
 
-    def _on_logical(self, msg: pgoutput.LogicalMessage, txn: _Txn, run: _Pass, state: psycopg.Connection,
-                    source: psycopg.Connection, stats: DrainStats) -> None:
-        # The logical-message stream is application input: any prefix, content or size. Only our own
-        # messages act, and content that cannot be used is skipped and counted.
-        prefix = msg.prefix
-        if prefix == PROBE_PREFIX:
-            if run.probe is not None and msg.content == run.probe.encode():
-                # Idle: nothing new since the probe, and no gap backfill still needs this drain.
-                run.idle = run.changes_since_probe == 0 and not self.gaps.running()
-                run.probe = None
-            elif not _PROBE_SHAPE.fullmatch(msg.content):  # not an earlier drain's probe
-                self._skip(msg, stats, "not a probe of this pipeline")
-        elif prefix == annotations.ANNOTATIONS_PREFIX:
-            if msg.transactional and txn.open:
-                txn.note = self._annotation(msg, stats) or txn.note  # a refused one changes nothing
-            else:
-                self._skip(msg, stats, "not transactional")
-        elif prefix == DDL_PREFIX:  # schema changes from the source's event trigger
-            row = self.ddl.row(msg.content, txn.at(), source, state) \
-                if msg.transactional and txn.open else "not transactional"
-            if isinstance(row, str):
-                self._skip(msg, stats, row)
-            else:
-                self._log(row, txn, run, state)
-        elif prefix in self.hooks:
-            self.writer.flush(state)  # hooks see the log up to this point
-            taken, logged = self._hook(msg, txn.lsn if txn.open else msg.lsn, txn.idx, state, stats)
-            run.hooked = True
-            txn.idx += taken
-            stats.changes += logged
-        elif prefix == HEARTBEAT_PREFIX:
-            if msg.content:  # ours are empty
-                self._skip(msg, stats, "not a heartbeat of this pipeline")
-            else:
-                stats.heartbeats += 1
-
-    def _log(self, row: LogRow | None, txn: _Txn, run: _Pass, state: psycopg.Connection,
+    def _log(self, row: LogRow | None, txn: Txn, run: Pass, state: psycopg.Connection,
              stats: DrainStats | None = None) -> None:
         """A row into the log at the transaction's next position (`stats`: a change of a table, counted)."""
         if row is None:
@@ -415,7 +310,7 @@ class Drain:
             stats.changes += 1
 
     # -- state writes -----------------------------------------------------------------------------
-    def _commit_pending(self, state: psycopg.Connection, stream: ReplicationStream, stats: DrainStats, run: _Pass,
+    def _commit_pending(self, state: psycopg.Connection, stream: ReplicationStream, stats: DrainStats, run: Pass,
                         ts: datetime | None, pace: CommitPace) -> None:
         began = time.monotonic()
         run.committed = self._commit(state, stream, stats, run.pending_end, ts)
@@ -438,35 +333,6 @@ class Drain:
         shape, row = self.ddl.on_relation(rel, source, state, write, at)
         self._shapes[rel.relation_id] = shape
         return row
-
-    def _annotation(self, msg: pgoutput.LogicalMessage, stats: DrainStats) -> str | None:
-        try:
-            text, refused = annotations.parse(msg.content, ascii_only=self._ascii_only)
-        except Exception as exc:  # noqa: BLE001 - application input never stops the drain
-            text, refused = None, f"unreadable ({type(exc).__name__})"
-        if refused is not None:
-            self._skip(msg, stats, refused)
-        return text
-
-    def _hook(self, msg: pgoutput.LogicalMessage, lsn: int, idx: int, state: psycopg.Connection,
-              stats: DrainStats) -> tuple[int, int]:
-        hook = self.hooks[msg.prefix]
-        before = getattr(hook, "refused", 0)
-        result = hook(msg, lsn, idx, state)
-        refused = getattr(hook, "refused", 0) - before  # the hook logged why
-        if refused:
-            stats.skipped_messages[msg.prefix] = stats.skipped_messages.get(msg.prefix, 0) + refused
-        return result
-
-    @staticmethod
-    def _skip(msg: pgoutput.LogicalMessage, stats: DrainStats, why: str) -> None:
-        """A message under one of our prefixes that cannot be used: logged by position and length (the
-        content is the application's, never logged), counted, skipped."""
-        what = ("annotation" if msg.prefix == annotations.ANNOTATIONS_PREFIX
-                else f"logical message under prefix {msg.prefix}")
-        log.warning("drain: ignored the %s at %X/%X (%d bytes): %s", what, msg.lsn >> 32, msg.lsn & 0xFFFFFFFF,
-                    len(msg.content), why)
-        stats.skipped_messages[msg.prefix] = stats.skipped_messages.get(msg.prefix, 0) + 1
 
     @staticmethod
     def _emit(source: psycopg.Connection, prefix: str, content: str) -> int:

@@ -9,11 +9,17 @@ offset of the old lane its group hashed to). Parked messages move to the new lan
 nothing is lost (every message is past exactly one old offset or at none) and nothing goes backwards
 (a group's messages after its old lane's offset are sent by its one new lane, in order).
 
+A split names its lane hash: CRC-32 (``CRC32``, the first, which only Python computes) or the first four bytes
+of MD5 (``MD5``, which the state database computes as well: a lane then reads only its share of the log,
+state/change_log.py). New splits use MD5; a split made by an older version keeps CRC-32 until a lane of this
+version re-splits it (same N, new hash) like any change of N, so each layer of ``prior`` keeps its own hash.
+
 Pure: no I/O; the state database side is state/lanes.py, a deliverer's side delivery/lane_keeper.py.
 """
 
 from __future__ import annotations
 
+import hashlib
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,6 +27,8 @@ from dataclasses import dataclass
 from cdc_pipeline.core.positions import Position, position_text
 
 MAX_LANES = 64
+CRC32, MD5 = 1, 2  # lane hashes (the module docstring)
+LANE_HASH = MD5  # what a new split uses
 
 
 def lane_name(sink: str, lane: int, lanes: int) -> str:
@@ -39,9 +47,15 @@ def parking_group(group: str | None, position: Position) -> str:
     return group if group is not None else f"~{position_text(position)}"
 
 
-def lane_of(group: str, lanes: int) -> int:
-    """The lane of a parking group: stable across processes, versions and restarts (CRC-32, not hash())."""
-    return 0 if lanes <= 1 else zlib.crc32(group.encode("utf-8", "surrogatepass")) % lanes
+def lane_of(group: str, lanes: int, hashing: int = CRC32) -> int:
+    """The lane of a parking group: stable across processes, versions and restarts (not hash()). MD5's first four
+    bytes, big-endian, are what state/change_log.py computes in SQL."""
+    if lanes <= 1:
+        return 0
+    data = group.encode("utf-8", "surrogatepass")
+    if hashing == CRC32:
+        return zlib.crc32(data) % lanes
+    return int.from_bytes(hashlib.md5(data).digest()[:4], "big") % lanes
 
 
 @dataclass(frozen=True)
@@ -51,14 +65,24 @@ class Split:
 
     lanes: int = 1
     prior: tuple[tuple[Position, ...], ...] = ()
+    hashing: int = CRC32
+    prior_hashing: tuple[int, ...] = ()  # each layer's hash; a layer without one (older versions') CRC-32
+
+    def lane_of(self, group: str) -> int:
+        return lane_of(group, self.lanes, self.hashing)
+
+    def layer_hashing(self, i: int) -> int:
+        return self.prior_hashing[i] if i < len(self.prior_hashing) else CRC32
 
     def settled_before(self, group: str, position: Position) -> bool:
         """Whether an earlier split already settled this message (delivered, filtered or parked it): its lane
         in this split skips it."""
-        return any(position <= layer[lane_of(group, len(layer))] for layer in self.prior)
+        return any(position <= layer[lane_of(group, len(layer), self.layer_hashing(i))]
+                   for i, layer in enumerate(self.prior))
 
 
-def resplit(old: Split, old_offsets: Sequence[Position], lanes: int) -> tuple[Split, Position]:
+def resplit(old: Split, old_offsets: Sequence[Position], lanes: int, hashing: int = LANE_HASH
+            ) -> tuple[Split, Position]:
     """The split after changing ``old`` (whose lanes stand at ``old_offsets``) to ``lanes`` lanes, and where
     every new lane starts: the lowest old offset. An old lane at its offset has settled its messages up to
     it, itself or by skipping what an earlier split settled; past it, only the earlier layers know, so they
@@ -69,4 +93,6 @@ def resplit(old: Split, old_offsets: Sequence[Position], lanes: int) -> tuple[Sp
         raise ValueError(f"lanes must be 1 to {MAX_LANES}, not {lanes}")
     start = min(old_offsets)
     layers = (tuple(old_offsets), *old.prior)
-    return Split(lanes, tuple(layer for layer in layers if max(layer) > start)), start
+    hashes = (old.hashing, *(old.layer_hashing(i) for i in range(len(old.prior))))
+    kept = [i for i, layer in enumerate(layers) if max(layer) > start]
+    return Split(lanes, tuple(layers[i] for i in kept), hashing, tuple(hashes[i] for i in kept)), start

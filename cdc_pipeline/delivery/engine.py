@@ -271,7 +271,7 @@ class Deliverer:
     def _read(self, run: _Pass) -> object:
         """The next block (reader.py) cut into calls. SEND: calls wait; AGAIN: nothing to send yet; STOP."""
         staged, prefetched = run.blocks.next(run.until_idle, time.monotonic() - run.started, run.seconds)
-        if staged.batch.num_rows == 0 and staged.run is None:
+        if staged.rows == 0 and staged.run is None:  # a lane's block may hold none of its rows, yet move on
             return self._idle(run, prefetched)
         run.idle = False
         if staged.run is not None:  # relayed from the loader's connection: nothing loads meanwhile

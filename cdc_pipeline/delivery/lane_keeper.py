@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import psycopg
 
-from cdc_pipeline.core.lanes import Split, lane_name, lane_of, parking_group, position_key
+from cdc_pipeline.core.lanes import LANE_HASH, MD5, Split, lane_name, parking_group, position_key
 from cdc_pipeline.delivery.schedule.order import position_of
 from cdc_pipeline.delivery.staging import StageFailure
 from cdc_pipeline.postgres import session
@@ -76,11 +76,11 @@ class LaneKeeper:
                     raise LockStillHeld(f"the delivery lock of sink {self.name!r} is still held")
                 raise SinkBusy(f"sink {self.name!r} is already being delivered by another process")
             split, generation, wanted = self.splits.split(conn, self.sink)
-            if split.lanes == self.lanes and wanted not in (None, self.lanes):
+            if self._current(split) and wanted not in (None, self.lanes):
                 # Asked by a process that may have gone: one still waiting asks again within a turn.
                 self.splits.want(conn, self.sink, None)
             conn.commit()
-            if split.lanes == self.lanes:  # not changed between the two looks
+            if self._current(split):  # not changed between the two looks
                 self.split, self.generation = split, generation
                 if sink is not None:
                     sink.bind_lane(position_key(self.sink, self.lane, self.lanes, generation))
@@ -88,12 +88,17 @@ class LaneKeeper:
             session.unlock(conn, deliver_lock(self.name))
             conn.commit()
 
+    def _current(self, split: Split) -> bool:
+        """Whether this lane can join ``split`` as it is: its number of lanes, and (with more than one) the
+        lane hash of this version; a split of an older version's hash is re-split like a change of N."""
+        return split.lanes == self.lanes and (self.lanes == 1 or split.hashing == LANE_HASH)
+
     def _settle(self, conn: psycopg.Connection, sink: Sink | None) -> None:
         waited = False
         while True:
             split, generation, _ = self.splits.split(conn, self.sink)
             conn.commit()
-            if split.lanes == self.lanes or self.stop.is_set():
+            if self._current(split) or self.stop.is_set():
                 return
             self.splits.want(conn, self.sink, self.lanes)  # the old split's lanes stop at their next turn
             conn.commit()
@@ -123,7 +128,7 @@ class LaneKeeper:
 
     def _change(self, conn: psycopg.Connection, sink: Sink | None, old: Split, generation: int) -> None:
         again, gen_now, _ = self.splits.split(conn, self.sink)
-        if again.lanes != old.lanes or gen_now != generation:
+        if again != old or gen_now != generation:
             return  # changed by another process meanwhile: look again
         offsets: list[Position] = []
         for j in range(old.lanes):
@@ -134,8 +139,9 @@ class LaneKeeper:
                 offset = max(offset, held) if held is not None else offset
             offsets.append(offset)
         self.splits.change(conn, self.sink, old, generation, offsets, self.lanes)
-        log.info("sink %s: lanes changed from %d to %d; every lane starts at %s:%s", self.sink, old.lanes,
-                 self.lanes, *min(offsets))
+        log.info("sink %s: lanes changed from %d to %d%s; every lane starts at %s:%s", self.sink, old.lanes,
+                 self.lanes, "" if old.lanes == 1 or old.hashing == LANE_HASH else
+                 " (to the lane hash the state database computes: each lane reads only its share)", *min(offsets))
 
     def superseded(self, conn: psycopg.Connection) -> bool:
         """Whether another process changes (or changed) the split: this lane then stops. Looks at most once a
@@ -157,11 +163,19 @@ class LaneKeeper:
         """Whether some messages of a batch may not be this lane's to send."""
         return self.split.lanes > 1 or bool(self.split.prior)
 
-    def mine(self, messages: Sequence[OutboundMessage], failed: Sequence[StageFailure]
+    @property
+    def hashed_in_sql(self) -> bool:
+        """Whether the state database can tell this lane's log rows (its split's hash is MD5): then, for a sink
+        whose groups it can compute too, the lane reads only those (state/change_log.py)."""
+        return self.split.lanes > 1 and self.split.hashing == MD5
+
+    def mine(self, messages: Sequence[OutboundMessage], failed: Sequence[StageFailure], selected: bool = False
              ) -> tuple[list[OutboundMessage], list[StageFailure]]:
-        """The messages (and stage failures) of this lane that no earlier split settled."""
+        """The messages (and stage failures) of this lane that no earlier split settled. ``selected``: the
+        batch holds this lane's rows only (the database chose them): only earlier splits are looked at."""
         def ours(group: str | None, position: Position) -> bool:
             parked_as = parking_group(group, position)
-            return lane_of(parked_as, self.lanes) == self.lane and not self.split.settled_before(parked_as, position)
+            return (selected or self.split.lane_of(parked_as) == self.lane) \
+                and not self.split.settled_before(parked_as, position)
 
         return ([m for m in messages if ours(m.group, position_of(m))], [f for f in failed if ours(f[1], f[0])])

@@ -26,9 +26,10 @@ class OffsetKeeper:
         self.waiting = False  # a wait for the destination is recorded in the state database
 
     def settle(self, conn: psycopg.Connection, stats: DeliveryStats, last: Position, delivered: int,
-               filtered: int, parked: int, last_ts: datetime | None) -> Position:
-        """Everything up to ``last`` is delivered, filtered out or parked: the offset moves past it."""
-        self.store.advance_offset(conn, self.sink, last, delivered, filtered, parked, last_ts, self.lane)
+               filtered: int, parked: int, last_ts: datetime | None, read: int = 0) -> Position:
+        """Everything up to ``last`` is delivered, filtered out or parked: the offset moves past it (``read``:
+        the log rows read to get there, for `status`)."""
+        self.store.advance_offset(conn, self.sink, last, delivered, filtered, parked, last_ts, self.lane, read)
         if self.waiting:
             self.store.set_waiting(conn, self.sink, None, self.lane)
             self.waiting = False

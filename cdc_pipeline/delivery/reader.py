@@ -6,6 +6,11 @@ sending starts as soon as the first is staged, and each block is loaded and stag
 while the one before it is sent (staging costs about a third of what sending a row costs a webhook at 50,000
 msgs/s). A sink that gathers (a lake table) has its next block read `gather_seconds` after one that reached
 the log's end. Each block is cut into the sink's calls (schedule/calls.py), this lane's messages only.
+
+A lane of a split hashed in SQL (core/lanes.py) whose sink's groups the database can compute (table and key,
+or none) reads only its own rows (state/change_log.py: load_lane_block), blocks scaled by the number of lanes
+so each still holds about the load size of its own; a block whose last rows are other lanes' ends in a call
+of no message that moves the offset past them.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import suppress
 from dataclasses import dataclass, field
+from datetime import datetime
 
 import psycopg
 import pyarrow as pa
@@ -26,6 +32,7 @@ from cdc_pipeline.delivery.relay import Relay
 from cdc_pipeline.delivery.schedule.calls import MIN_LOAD, Call, cut
 from cdc_pipeline.delivery.staging import StageFailure, Stager
 from cdc_pipeline.delivery.stats import DeliveryStats
+from cdc_pipeline.state.change_log import LaneShare
 from cdc_pipeline.state.store import LOG_ARROW_SCHEMA, Position, Store
 from cdc_pipeline.state.typed_log import TypedRun
 from cdc_pipeline.state.typed_rows import Columns, shapes_of
@@ -44,6 +51,13 @@ class Staged:
     shapes: dict[str, Columns] = field(default_factory=dict)  # typed reads' shapes, by backfill
     run: TypedRun | None = None  # a run of typed reads to relay (state/typed_log.py): batch is empty
     after: Position | None = None  # where the run starts
+    covered: int | None = None  # log rows the block covered, all lanes' (None: the batch's rows)
+    last_ts: datetime | None = None  # the commit time at ``last``, when the batch does not end there
+
+    @property
+    def rows(self) -> int:
+        """Log rows the block covered: 0 when the log held nothing more."""
+        return self.batch.num_rows if self.covered is None else self.covered
 
 
 def gather_wait(gather: float, got: int, asked: int, until_idle: bool, elapsed: float, seconds: float | None) -> float:
@@ -88,17 +102,42 @@ class Reader:
             if run.typed:
                 return Staged(LOG_ARROW_SCHEMA.empty_table(), run.last, empty_output(), [], run=run, after=offset)
             size = run.count
-        batch = self.store.load_batch(conn, self.sink_config.tables, offset, size,
-                                      sink=self.sink_config.name, max_bytes=self.config.delivery.batch_bytes,
-                                      typed=self.typed_rows)
+        share = self.share()
+        if share is not None and not exact:
+            block = self.store.load_lane_block(conn, self.sink_config.tables, offset, size * share.lanes, share,
+                                               sink=self.sink_config.name, typed=self.typed_rows,
+                                               max_bytes=self.config.delivery.batch_bytes)
+            batch, covered = block.batch, block.covered
+        else:
+            batch = self.store.load_batch(conn, self.sink_config.tables, offset, size,
+                                          sink=self.sink_config.name, max_bytes=self.config.delivery.batch_bytes,
+                                          typed=self.typed_rows)
+            covered = None
         schemas = self.stager.schemas(conn) if batch.num_rows else {}
-        shapes = shapes_of(conn, self.config.state.schema_name, batch) if self.typed_rows else {}
+        shapes = shapes_of(conn, self.config.state.schema_name, batch) if self.typed_rows and batch.num_rows else {}
         conn.commit()
+        if share is not None and not exact:
+            if block.end is None:
+                return Staged(batch, offset, empty_output(), [], covered=0)
+            out, stage_failed = self.stager.stage(batch, schemas) if batch.num_rows else (empty_output(), [])
+            return Staged(batch, block.end, out, stage_failed, shapes, covered=covered, last_ts=block.end_ts)
         if batch.num_rows == 0:
             return Staged(batch, offset, empty_output(), [])
         last: Position = (batch.column("commit_lsn")[-1].as_py(), batch.column("commit_idx")[-1].as_py())
         out, stage_failed = self.stager.stage(batch, schemas)
         return Staged(batch, last, out, stage_failed, shapes)
+
+    def share(self) -> LaneShare | None:
+        """This lane's share of the log when the database can select it: the split's hash is computed in SQL,
+        and so is the sink's group (table and key, or none: not `group_columns` nor a Python transform, which
+        may set its own)."""
+        if not self.lane.hashed_in_sql:
+            return None
+        plan = self.stager.plan
+        grouped = self.sink_config.message_grouping
+        if grouped and (plan.group_columns or plan.python_transform is not None):
+            return None
+        return LaneShare(self.lane.lane, self.lane.lanes, grouped)
 
     def calls(self, staged: Staged) -> list[Call]:
         """A staged block cut into the sink's calls (schedule/calls.py), each holding this lane's messages only."""
@@ -108,7 +147,13 @@ class Reader:
         stamps = batch.column("commit_ts")
         calls = cut(positions, lambda i: stamps[i].as_py(), messages_from(staged.out, staged.shapes),
                     staged.failed, self.batch_size)
-        if self.lane.filters:  # every lane reads every row: lane 0 counts those none sends
+        if staged.covered is not None:  # this lane's rows only (the database selected them)
+            if self.lane.split.prior:
+                for c in calls:
+                    c.messages, c.stage_failed = self.lane.mine(c.messages, c.stage_failed, selected=True)
+            if not positions or positions[-1] < staged.last:  # other lanes' rows end the block: moved past
+                calls.append(Call(staged.last, staged.last_ts, 0, 0, [], []))
+        elif self.lane.filters:  # every lane reads every row: lane 0 counts those none sends
             for c in calls:
                 c.messages, c.stage_failed = self.lane.mine(c.messages, c.stage_failed)
                 c.filtered = c.filtered if self.lane.lane == 0 else 0
@@ -145,14 +190,15 @@ class Blocks:
         """The next block, and whether it was read ahead; a block of rows starts the read of the one after it
         (a typed run does not: it is relayed from the loader's connection, `relayed`)."""
         prefetched = self._ahead is not None
-        asked = self._size  # what this block was read for (a prefetch was asked this much too)
+        share = self.reader.share()  # a lane's block covers this many more log rows (Reader.load_and_stage)
+        asked = self._size * (share.lanes if share is not None else 1)  # what it was read for (a prefetch too)
         staged = self._ahead.result() if self._ahead is not None else \
             self.reader.load_and_stage(self.loader, self.loaded, self._size)
         self._ahead = None
         self._size = min(2 * self._size, self.reader.load_size)
-        if staged.batch.num_rows and staged.run is None:
+        if staged.rows and staged.run is None:
             self.loaded = staged.last
-            wait = gather_wait(self.reader.gather, staged.batch.num_rows, asked, until_idle, elapsed, seconds)
+            wait = gather_wait(self.reader.gather, staged.rows, asked, until_idle, elapsed, seconds)
             self._ahead = self._pool.submit(self.reader.load_and_stage, self.loader, self.loaded, self._size,
                                             wait=wait)
         return staged, prefetched

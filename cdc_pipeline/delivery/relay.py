@@ -53,5 +53,5 @@ class Relay:
         self.live.saw([None])
         stats.batches += 1
         stats.read += run.count
-        self.offsets.settle(conn, stats, run.last, run.count, 0, 0, run.last_commit_ts)
+        self.offsets.settle(conn, stats, run.last, run.count, 0, 0, run.last_commit_ts, run.count)
         return True

@@ -22,7 +22,7 @@ import psycopg
 
 from cdc_pipeline.config import ConfigError, PipelineConfig, redact
 from cdc_pipeline.config.base import qualify
-from cdc_pipeline.core.lanes import lane_name, lane_of, parking_group, position_key
+from cdc_pipeline.core.lanes import Split, lane_name, parking_group, position_key
 from cdc_pipeline.core.positions import START, Position
 from cdc_pipeline.delivery.engine import Deliverer, send_lock
 from cdc_pipeline.delivery.parking import messages_from
@@ -125,7 +125,7 @@ def replay(config: PipelineConfig, sink_name: str, start: datetime, end: datetim
                 conn.commit()
                 log.info("replaying %s changes committed in [%s, %s) to sink %s (up to its offset %s:%s)",
                          ",".join(tables), start, through or "now", lane_name(sink_name, lane, lanes), *upto)
-                _replay_lane(deliverer, conn, change_log, tables, start, through, end, upto, lane, lanes, stats)
+                _replay_lane(deliverer, conn, change_log, tables, start, through, end, upto, lane, split, stats)
         finally:
             target.close()
     stats.seconds = time.monotonic() - started
@@ -134,7 +134,7 @@ def replay(config: PipelineConfig, sink_name: str, start: datetime, end: datetim
 
 def _replay_lane(deliverer: Deliverer, conn: psycopg.Connection, change_log: ChangeLog, tables: list[str],
                  start: datetime, through: datetime | None, end: datetime | None, upto: Position, lane: int,
-                 lanes: int, stats: ReplayStats) -> None:
+                 split: Split, stats: ReplayStats) -> None:
     after: Position = START
     sink_name = deliverer.sink_config.name
     while True:
@@ -147,9 +147,9 @@ def _replay_lane(deliverer: Deliverer, conn: psycopg.Connection, change_log: Cha
         out, stage_failed = deliverer.stager.stage(batch, schemas)
         messages = messages_from(out)
         filtered = batch.num_rows - len(messages) - len(stage_failed)
-        if lanes > 1:
-            messages = [m for m in messages if lane_of(parking_group(m.group, position_of(m)), lanes) == lane]
-            stage_failed = [f for f in stage_failed if lane_of(parking_group(f[1], f[0]), lanes) == lane]
+        if split.lanes > 1:
+            messages = [m for m in messages if split.lane_of(parking_group(m.group, position_of(m))) == lane]
+            stage_failed = [f for f in stage_failed if split.lane_of(parking_group(f[1], f[0])) == lane]
         results = deliverer.send(messages)
         conn.commit()  # http_pull: the queued messages
         if lane == 0:  # every lane reads the window: lane 0 counts what it holds

@@ -32,6 +32,7 @@ class DeliveryStats:
             "messages_delivered": self.delivered, "messages_parked": self.parked,
             "messages_discarded": self.discarded, "messages_filtered": self.filtered,
             "messages_retried": self.retried, "batches": self.batches,
+            "rows_read": self.read,  # log rows read: a lane's share when the database selects it
             "throughput_msgs_per_s": round(self.rate, 1), "lag_messages": self.lag_messages,
             "offset": f"{self.offset[0]}:{self.offset[1]}", "outage_retries": self.outage_retries,
             **({"waiting_for_destination": self.waiting} if self.waiting else {}),

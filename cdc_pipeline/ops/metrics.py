@@ -80,6 +80,8 @@ def _own_counters(runners: list[Any]) -> Iterator[Metric]:
                                           labels=["sink"])
                 for name in ("delivered", "parked", "retried", "discarded", "filtered")}
     batches = CounterMetricFamily("cdc_sink_batches", "Batches sent by this process", labels=["sink"])
+    rows_read = CounterMetricFamily("cdc_sink_rows_read", "Log rows this process read for the sink (a lane "
+                                    "of a split hashed in SQL: only its share)", labels=["sink"])
     outages = CounterMetricFamily("cdc_sink_outage_retries", "Times delivery waited for its destination or "
                                   "the state database", labels=["sink"])
     drains = 0
@@ -98,10 +100,11 @@ def _own_counters(runners: list[Any]) -> Iterator[Metric]:
             for name, family in families.items():
                 family.add_metric([stats.sink], getattr(stats, name))
             batches.add_metric([stats.sink], stats.batches)
+            rows_read.add_metric([stats.sink], stats.read)
             outages.add_metric([stats.sink], stats.outage_retries)
     if drains:
         yield from (logged, txns, reconnects, skipped)
-    yield from (*families.values(), batches, outages)
+    yield from (*families.values(), batches, rows_read, outages)
 
 
 def _state_gauges(status: dict[str, Any]) -> Iterator[Metric]:

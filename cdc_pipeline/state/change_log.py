@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from datetime import datetime
 
 import psycopg
 import pyarrow as pa
@@ -61,6 +63,36 @@ def copy_arrow(conn: psycopg.Connection, query: sql.Composable, params: Sequence
     return table.set_column(table.schema.get_field_index("commit_ts"), "commit_ts", ts)
 
 
+# A lane's share of the log (core/lanes.py, MD5 lane hash): the first four bytes of the MD5 of each row's parking
+# group, as lanes.lane_of computes them, modulo the number of lanes. Grouped: table and key (the default group);
+# ungrouped: the row's own "~lsn:idx".
+_LANE_GROUPED = "concat_ws('|', l.table_schema, l.table_name, l.pk)"
+_LANE_UNGROUPED = "concat('~', l.commit_lsn, ':', l.commit_idx)"
+_LANE = "('x' || left(md5(convert_to({group}, 'UTF8')), 8))::bit(32)::bigint %% %s = %s"
+_LANE_COLUMNS = [pa.field("_own", pa.int8()), pa.field("_n", pa.int64())]
+
+
+@dataclass(frozen=True)
+class LaneShare:
+    """Which lane's rows a read selects: lane ``lane`` of ``lanes``, by the group table and key (``grouped``)
+    or by the row's position (a sink with `message_grouping: false`)."""
+
+    lane: int
+    lanes: int
+    grouped: bool
+
+
+@dataclass(frozen=True)
+class LaneBlock:
+    """A block of the log read for one lane: its own rows, and how far the block covered the log (all lanes'
+    rows): the position and commit time of the last row it covered, and how many rows it covered."""
+
+    batch: pa.Table
+    end: Position | None  # None: the log holds nothing after the offset
+    end_ts: datetime | None
+    covered: int
+
+
 def _sink(sink: str | None) -> tuple[str, ...]:
     return () if sink is None else (sink,)
 
@@ -107,6 +139,40 @@ class ChangeLog(SchemaStore):
         typed_log.scan_in_log_order(conn)
         batch = copy_arrow(conn, query, params, LOG_ARROW_SCHEMA_TYPED)
         return batch if typed else typed_rows.with_records(conn, self.schema, batch)
+
+    def load_lane_block(self, conn: psycopg.Connection, tables: Sequence[str], after: Position, limit: int,
+                        share: LaneShare, sink: str | None = None, max_bytes: int | None = None,
+                        typed: bool = False) -> LaneBlock:
+        """Like load_batch, for one lane of a split hashed in SQL (core/lanes.py): of up to ``limit`` log rows
+        after ``after`` (and, with ``max_bytes``, while this lane's rows so far hold fewer bytes), only the lane's
+        own are sent and parsed; the block's end tells how far the lane may move its offset. The server still
+        scans the other lanes' rows (an index scan of the key), but does not turn them into text."""
+        lane = sql.SQL(_LANE.format(group=_LANE_GROUPED if share.grouped else _LANE_UNGROUPED))
+        size = ("CASE WHEN w._own THEN coalesce(octet_length(w.record::text), octet_length(w.tup), 0) "
+                "+ coalesce(octet_length(w.changes::text), 0) ELSE 0 END")
+        columns = _SELECT_TYPED.replace("FROM {0}.change_log ", "")
+        query = sql.SQL(columns + ", _own::int, _n FROM (SELECT b.*, row_number() OVER o AS _n, "
+                        "lead(b.commit_lsn) OVER o IS NULL AS _end FROM (SELECT w.*, ").format(self.s) + sql.SQL(
+            f"sum({size}) OVER (ORDER BY w.commit_lsn, w.commit_idx ROWS UNBOUNDED PRECEDING) AS _total, "
+            f"{size} AS _bytes FROM (SELECT l.*, ") + lane + sql.SQL(
+            " AS _own FROM {}.change_log l WHERE (l.commit_lsn, l.commit_idx) > (%s, %s) "
+            "AND l.table_schema || '.' || l.table_name = ANY(%s) {routing}ORDER BY l.commit_lsn, l.commit_idx "
+            "LIMIT %s) w) b WHERE b._total - b._bytes < %s WINDOW o AS (ORDER BY b.commit_lsn, b.commit_idx)) c "
+            "WHERE c._own OR c._end ORDER BY commit_lsn, commit_idx").format(self.s, routing=self.routing(sink))
+        params = (share.lanes, share.lane, after[0], after[1], list(tables), *_sink(sink), limit,
+                  max_bytes if max_bytes is not None else 1 << 62)
+        typed_log.scan_in_log_order(conn)
+        rows = copy_arrow(conn, query, params, pa.schema([*LOG_ARROW_SCHEMA_TYPED, *_LANE_COLUMNS]))
+        if rows.num_rows == 0:
+            return LaneBlock(LOG_ARROW_SCHEMA_TYPED.empty_table() if typed else LOG_ARROW_SCHEMA.empty_table(),
+                             None, None, 0)
+        last = rows.num_rows - 1
+        end = (rows.column("commit_lsn")[last].as_py(), rows.column("commit_idx")[last].as_py())
+        end_ts, covered = rows.column("commit_ts")[last].as_py(), rows.column("_n")[last].as_py()
+        if not rows.column("_own")[last].as_py():  # the block's last row, another lane's: only its position counts
+            rows = rows.slice(0, last)
+        batch = rows.drop_columns(["_own", "_n"])
+        return LaneBlock(batch if typed else typed_rows.with_records(conn, self.schema, batch), end, end_ts, covered)
 
     def head_run(self, conn: psycopg.Connection, tables: Sequence[str], after: Position, limit: int,
                  sink: str) -> typed_log.TypedRun | None:

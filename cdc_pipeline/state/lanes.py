@@ -3,7 +3,8 @@
 A change of split is made by one process holding every lane lock of the old split (so no old lane sends
 meanwhile), in one transaction: the old lanes' offsets become a layer of `prior`, every new lane starts at the
 lowest of them, parked messages move to the lane of their group, the old lanes' counts are kept on lane 0,
-and the generation (which names what a destination recorded of a lane's position) moves on.
+and the generation (which names what a destination recorded of a lane's position) moves on. The new split
+uses the current lane hash (core/lanes.py); each kept layer of `prior` its own (`prior_hashing`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Sequence
 import psycopg
 from psycopg import sql
 
-from cdc_pipeline.core.lanes import Split, lane_of, resplit
+from cdc_pipeline.core.lanes import Split, resplit
 from cdc_pipeline.core.positions import Position
 from cdc_pipeline.state.base import SchemaStore
 
@@ -24,12 +25,12 @@ _COUNTS = ("delivered", "filtered", "parked", "discarded")
 class SinkLanes(SchemaStore):
     def split(self, conn: psycopg.Connection, sink: str) -> tuple[Split, int, int | None]:
         """The sink's split, its generation, and a split another process asked for (None: none)."""
-        row = conn.execute(sql.SQL("SELECT lanes, prior, generation, wanted FROM {}.sink_lanes WHERE sink = %s")
-                           .format(self.s), (sink,)).fetchone()
+        row = conn.execute(sql.SQL("SELECT lanes, prior, generation, wanted, hashing, prior_hashing "
+                                   "FROM {}.sink_lanes WHERE sink = %s").format(self.s), (sink,)).fetchone()
         if row is None:
             return Split(), 0, None
         prior = tuple(tuple((int(p[0]), int(p[1])) for p in layer) for layer in row[1])
-        return Split(int(row[0]), prior), int(row[2]), row[3]
+        return Split(int(row[0]), prior, int(row[4]), tuple(int(h) for h in row[5])), int(row[2]), row[3]
 
     def want(self, conn: psycopg.Connection, sink: str, lanes: int | None) -> None:
         """Ask the running lanes of another split to stop, so that the split can change to ``lanes`` (None:
@@ -64,10 +65,12 @@ class SinkLanes(SchemaStore):
             conn.execute(sql.SQL(
                 "UPDATE {}.failed_messages f SET lane = m.lane FROM unnest(%s::text[], %s::int[]) AS m(g, lane) "
                 "WHERE f.sink = %s AND f.group_key = m.g").format(s),
-                (groups, [lane_of(g, lanes) for g in groups], sink))
+                (groups, [new.lane_of(g) for g in groups], sink))
         conn.execute(sql.SQL(
-            "INSERT INTO {}.sink_lanes (sink, lanes, prior, generation, wanted) VALUES (%s, %s, %s, %s, NULL) "
-            "ON CONFLICT (sink) DO UPDATE SET lanes = excluded.lanes, prior = excluded.prior, "
-            "generation = excluded.generation, wanted = NULL, changed_at = now()").format(s),
-            (sink, lanes, json.dumps([[list(p) for p in layer] for layer in new.prior]), generation + 1))
+            "INSERT INTO {}.sink_lanes (sink, lanes, prior, generation, wanted, hashing, prior_hashing) "
+            "VALUES (%s, %s, %s, %s, NULL, %s, %s) ON CONFLICT (sink) DO UPDATE SET lanes = excluded.lanes, "
+            "prior = excluded.prior, generation = excluded.generation, wanted = NULL, hashing = excluded.hashing, "
+            "prior_hashing = excluded.prior_hashing, changed_at = now()").format(s),
+            (sink, lanes, json.dumps([[list(p) for p in layer] for layer in new.prior]), generation + 1,
+             new.hashing, json.dumps(list(new.prior_hashing))))
         return new

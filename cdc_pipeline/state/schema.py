@@ -251,6 +251,14 @@ MIGRATIONS: list[str] = [
     ALTER TABLE {s}.slot_progress ADD COLUMN IF NOT EXISTS failovers integer NOT NULL DEFAULT 0;
     ALTER TABLE {s}.slot_progress ADD COLUMN IF NOT EXISTS last_failover jsonb;
     """,
+    # 13: lanes that read only their share (core/lanes.py): a split's lane hash (1 CRC-32, which splits made
+    # before this have; 2 MD5, which the log's reads compute in SQL) and each prior layer's; the log rows each
+    # lane has read, for `status`. The change log itself is unchanged: its lane is computed as it is read.
+    """
+    ALTER TABLE {s}.sink_lanes ADD COLUMN IF NOT EXISTS hashing integer NOT NULL DEFAULT 1,
+        ADD COLUMN IF NOT EXISTS prior_hashing jsonb NOT NULL DEFAULT '[]';
+    ALTER TABLE {s}.sink_offsets ADD COLUMN IF NOT EXISTS rows_read bigint NOT NULL DEFAULT 0;
+    """,
 ]
 
 

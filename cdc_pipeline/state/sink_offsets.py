@@ -28,14 +28,16 @@ class SinkOffsets(SchemaStore):
         return int(row[0]) if row and row[0] is not None else 0
 
     def advance_offset(self, conn: psycopg.Connection, sink: str, position: Position, delivered: int,
-                       filtered: int, parked: int, last_commit_ts: datetime | None, lane: int = 0) -> None:
-        """Move the offset to ``position`` (never back) and add to the sink's counts."""
+                       filtered: int, parked: int, last_commit_ts: datetime | None, lane: int = 0,
+                       read: int = 0) -> None:
+        """Move the offset to ``position`` (never back) and add to the sink's counts (``read``: the log rows the
+        lane read to get there)."""
         conn.execute(sql.SQL(
             "UPDATE {}.sink_offsets SET commit_lsn = %s, commit_idx = %s, delivered = delivered + %s, "
-            "filtered = filtered + %s, parked = parked + %s, "
+            "filtered = filtered + %s, parked = parked + %s, rows_read = rows_read + %s, "
             "last_commit_ts = coalesce(%s, last_commit_ts), updated_at = now() "
             "WHERE sink = %s AND lane = %s AND (commit_lsn, commit_idx) <= (%s, %s)").format(self.s),
-            (position[0], position[1], delivered, filtered, parked, last_commit_ts, sink, lane, *position))
+            (position[0], position[1], delivered, filtered, parked, read, last_commit_ts, sink, lane, *position))
 
     def set_waiting(self, conn: psycopg.Connection, sink: str, reason: str | None, lane: int = 0) -> None:
         """Record that the lane's delivery waits for its destination (reason None: it no longer does)."""

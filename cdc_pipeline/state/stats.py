@@ -38,6 +38,7 @@ def sink_offset_row(conn: psycopg.Connection, schema: str, sink: str) -> dict[st
     waiting = [r for r in rows if r["waiting_since"] is not None]
     return {"position": min(r["position"] for r in rows), "delivered": sum(r["delivered"] for r in rows),
             "filtered": sum(r["filtered"] for r in rows), "updated_at": max(r["updated_at"] for r in rows),
+            "rows_read": sum(r["rows_read"] for r in rows),
             "waiting_since": waiting[0]["waiting_since"] if waiting else None,
             "waiting_reason": waiting[0]["waiting_reason"] if waiting else None,
             **({"lanes": rows} if len(rows) > 1 else {})}
@@ -45,11 +46,11 @@ def sink_offset_row(conn: psycopg.Connection, schema: str, sink: str) -> dict[st
 
 def sink_lane_rows(conn: psycopg.Connection, schema: str, sink: str) -> list[dict[str, Any]]:
     rows = conn.execute(sql.SQL(
-        "SELECT lane, commit_lsn, commit_idx, delivered, filtered, updated_at, waiting_since, waiting_reason "
-        "FROM {}.sink_offsets WHERE sink = %s ORDER BY lane"
+        "SELECT lane, commit_lsn, commit_idx, delivered, filtered, updated_at, waiting_since, waiting_reason, "
+        "rows_read FROM {}.sink_offsets WHERE sink = %s ORDER BY lane"
     ).format(sql.Identifier(schema)), (sink,)).fetchall()
     return [{"lane": int(r[0]), "position": (int(r[1]), int(r[2])), "delivered": int(r[3]), "filtered": int(r[4]),
-             "updated_at": r[5], "waiting_since": r[6], "waiting_reason": r[7]} for r in rows]
+             "updated_at": r[5], "waiting_since": r[6], "waiting_reason": r[7], "rows_read": int(r[8])} for r in rows]
 
 
 def has_backfills(conn: psycopg.Connection, schema: str) -> bool:

@@ -15,7 +15,13 @@ import pyarrow as pa
 from cdc_pipeline.postgres.catalog import TableInfo
 from cdc_pipeline.state import relations, retention, slot_progress
 from cdc_pipeline.state.base import Position, SchemaStore
-from cdc_pipeline.state.change_log import LOG_ARROW_SCHEMA, LOG_ARROW_SCHEMA_TYPED, ChangeLog
+from cdc_pipeline.state.change_log import (
+    LOG_ARROW_SCHEMA,
+    LOG_ARROW_SCHEMA_TYPED,
+    ChangeLog,
+    LaneBlock,
+    LaneShare,
+)
 from cdc_pipeline.state.failed_messages import FailedMessages
 from cdc_pipeline.state.sink_offsets import SinkOffsets
 from cdc_pipeline.state.typed_log import TypedRun
@@ -40,6 +46,11 @@ class Store(SchemaStore):
     def load_batch(self, conn: psycopg.Connection, tables: Sequence[str], after: Position, limit: int,
                    sink: str | None = None, max_bytes: int | None = None, typed: bool = False) -> pa.Table:
         return self.log.load_batch(conn, tables, after, limit, sink, max_bytes, typed)
+
+    def load_lane_block(self, conn: psycopg.Connection, tables: Sequence[str], after: Position, limit: int,
+                        share: LaneShare, sink: str | None = None, max_bytes: int | None = None,
+                        typed: bool = False) -> LaneBlock:
+        return self.log.load_lane_block(conn, tables, after, limit, share, sink, max_bytes, typed)
 
     def head_run(self, conn: psycopg.Connection, tables: Sequence[str], after: Position, limit: int,
                  sink: str) -> TypedRun | None:
@@ -87,8 +98,9 @@ class Store(SchemaStore):
         return self.offsets.delivered_total(conn, sink)
 
     def advance_offset(self, conn: psycopg.Connection, sink: str, position: Position, delivered: int,
-                       filtered: int, parked: int, last_commit_ts: datetime | None, lane: int = 0) -> None:
-        self.offsets.advance_offset(conn, sink, position, delivered, filtered, parked, last_commit_ts, lane)
+                       filtered: int, parked: int, last_commit_ts: datetime | None, lane: int = 0,
+                       read: int = 0) -> None:
+        self.offsets.advance_offset(conn, sink, position, delivered, filtered, parked, last_commit_ts, lane, read)
 
     def set_waiting(self, conn: psycopg.Connection, sink: str, reason: str | None, lane: int = 0) -> None:
         self.offsets.set_waiting(conn, sink, reason, lane)

@@ -58,7 +58,7 @@ class Settler:
             stats.batches += len(good)
             stats.read += read
             stats.filtered += filtered
-            offset = self.offsets.settle(conn, stats, last.last, delivered, filtered, parked, last.last_ts)
+            offset = self.offsets.settle(conn, stats, last.last, delivered, filtered, parked, last.last_ts, read)
             now = time.monotonic()
             for o, _ in good:
                 BATCH_SECONDS.labels(self.sink).observe(now - o.began)

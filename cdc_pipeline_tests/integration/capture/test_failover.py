@@ -77,12 +77,7 @@ def _running(config: PipelineConfig, *args: str) -> Iterator[Any]:
 
 def _prepare(pair: sb.Pair, dest: Database, write_config: Callable[..., PipelineConfig],
              **source: Any) -> PipelineConfig:
-    with psycopg.connect(pair.primary.dsn(), autocommit=True) as conn:
-        conn.execute("CREATE DATABASE src")
-    with psycopg.connect(pair.primary.dsn("src"), autocommit=True) as conn:
-        conn.execute("CREATE TABLE acct (id integer PRIMARY KEY, ver integer NOT NULL, note text)")
-        conn.execute("CREATE TABLE big (id integer PRIMARY KEY, v text)")
-        conn.execute("INSERT INTO big SELECT g, 'v' || g FROM generate_series(1, %s) g", (BIG,))
+    sb.create_source(pair.primary, BIG)
     tables = ["public.acct", "public.big"]
     config = write_config({
         "source": {"dsn": pair.multi_host_dsn("src"), "slot": SLOT, "publication": "cdc_test", **source},

@@ -6,7 +6,6 @@ paths and the mirror computes them with the source's expression (docs/explanatio
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,10 +21,9 @@ from cdc_pipeline_tests.evolving import (
     appended,
     assert_append_history,
     caught_up,
-    logs,
     mirror_and_append,
-    processes,
     source_records,
+    streaming,
 )
 from cdc_pipeline_tests.helpers import assert_mirrored, wait_until
 from cdc_pipeline_tests.pg_versions import selected_majors
@@ -68,13 +66,9 @@ def test_generated_columns_through_changes_and_reads(
     if carried:
         assert source_db.execute("SELECT pubgencols FROM pg_publication WHERE pubname = 'cdc_test'") == [("s",)]
         assert not any("publish_generated_columns" in f.message for f in check(config, sinks=False))
-    path = str(config.path)
-    with processes(tmp_path) as start, Writers(source_db.dsn, _step, count=1) as writers:
-        drain = start("--config", path, "drain")
-        deliver = start("--config", path, "deliver")
+    with streaming(tmp_path, config) as pipeline, Writers(source_db.dsn, _step, count=1) as writers:
         wait_until(lambda: writers.changes > 100, 60, "the writer to get going")
-        backfill = start("--config", path, "backfill", "public.g")
-        assert backfill.wait(120) == 0, logs(tmp_path)
+        pipeline.run("backfill", "public.g", timeout=120)
         wait_until(lambda: writers.changes > 250, 60, "more changes after the backfill")
         # A generated column added while the writer goes on: on 18 the source rewrote the rows without
         # decoding them (the drain reads the table again); before 18 the mirror computes it.
@@ -82,12 +76,7 @@ def test_generated_columns_through_changes_and_reads(
         wait_until(lambda: writers.changes > 400, 60, "more changes after the ALTER TABLE")
         writers.stop()
         want = int(source_db.execute("SELECT count(*) FROM public.g")[0][0])
-
-        wait_until(lambda: caught_up(config, source_db.dsn, dest.dsn, "public.g", "id"), 120,
-                   "the sinks to catch up")
-        for proc in (deliver, drain):
-            proc.send_signal(signal.SIGTERM)
-            assert proc.wait(60) == 0, logs(tmp_path)
+        pipeline.stop_when(lambda: caught_up(config, source_db.dsn, dest.dsn, "public.g", "id"))
     # The mirror holds the source's values, and its columns' types (computed by it before 18).
     assert assert_mirrored(source_db.dsn, "public.g", dest.dsn, "mirror.g", order="id") == want
     kinds = dict(dest.execute("SELECT attname, attgenerated FROM pg_attribute WHERE attrelid = 'mirror.g'::regclass "

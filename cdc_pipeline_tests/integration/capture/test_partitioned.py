@@ -28,6 +28,7 @@ from cdc_pipeline_tests.evolving import (
     mirror_and_append,
     processes,
     source_records,
+    streaming,
 )
 from cdc_pipeline_tests.helpers import assert_mirrored, deliver, mirror_config, sync, wait_until
 
@@ -69,22 +70,13 @@ def test_partitioned_parent_through_changes_and_backfill(
     config = write_config(mirror_and_append(source_db.dsn, dest.dsn, "public.ev", "out.events"))
     setup(config)
     assert source_db.execute("SELECT pubviaroot FROM pg_publication WHERE pubname = 'cdc_test'") == [(True,)]
-    path = str(config.path)
-    with processes(tmp_path) as start, Writers(source_db.dsn, _step) as writers:
-        drain = start("--config", path, "drain")
-        deliver = start("--config", path, "deliver")
+    with streaming(tmp_path, config) as pipeline, Writers(source_db.dsn, _step) as writers:
         wait_until(lambda: writers.changes > 300, 60, "the writers to get going")
-        backfill = start("--config", path, "backfill", "public.ev")
-        assert backfill.wait(180) == 0, logs(tmp_path)
+        pipeline.run("backfill", "public.ev")
         wait_until(lambda: writers.changes > 1500, 120, "more changes after the backfill")
         writers.stop()
         want = int(source_db.execute("SELECT count(*) FROM public.ev")[0][0])
-
-        wait_until(lambda: caught_up(config, source_db.dsn, dest.dsn, "public.ev", "id, region"), 120,
-                   "the sinks to catch up")
-        for proc in (deliver, drain):
-            proc.send_signal(signal.SIGTERM)
-            assert proc.wait(60) == 0, logs(tmp_path)
+        pipeline.stop_when(lambda: caught_up(config, source_db.dsn, dest.dsn, "public.ev", "id, region"))
     assert assert_mirrored(source_db.dsn, "public.ev", dest.dsn, "mirror.ev", order="id, region") == want
     # The log names only the parent, never a partition.
     names = source_db.execute("SELECT DISTINCT table_name FROM cdc_pipeline.change_log WHERE table_schema = 'public'")

@@ -4,7 +4,6 @@ and after each (in the same transaction too); forged DDL messages change nothing
 
 from __future__ import annotations
 
-import signal
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +18,7 @@ from cdc_pipeline.admin.setup import setup
 from cdc_pipeline.admin.status import collect
 from cdc_pipeline.config import PipelineConfig
 from cdc_pipeline_tests.conftest import Database
-from cdc_pipeline_tests.evolving import Writers, caught_up, logs, mirror_and_append, processes
+from cdc_pipeline_tests.evolving import Writers, caught_up, logs, mirror_and_append, streaming
 from cdc_pipeline_tests.helpers import assert_mirrored, mirror_config, sync, wait_until
 
 TABLE = """
@@ -141,10 +140,7 @@ def test_schema_changes_under_writers_as_processes(source_db: Database, db_facto
                       "m numeric(8,2) DEFAULT 1.25, old_name text DEFAULT 'o')")
     config = write_config(mirror_and_append(source_db.dsn, dest.dsn, "public.w", "out.w", batch_size=200))
     setup(config)
-    path = str(config.path)
-    with processes(tmp_path) as start, Writers(source_db.dsn, _writer_step) as writers:
-        start("--config", path, "drain")
-        deliver = start("--config", path, "deliver")
+    with streaming(tmp_path, config) as pipeline, Writers(source_db.dsn, _writer_step) as writers:
         for ddl in ("ALTER TABLE public.w ADD COLUMN d text DEFAULT 'dflt'",
                     "ALTER TABLE public.w RENAME COLUMN old_name TO new_name",
                     "ALTER TABLE public.w ALTER COLUMN n TYPE bigint",
@@ -156,18 +152,7 @@ def test_schema_changes_under_writers_as_processes(source_db: Database, db_facto
         wait_until(lambda: writers.changes > seen + 300, 60, "changes after the last schema change")
         writers.stop()
         extra = int(source_db.execute("SELECT count(*) FROM public.w WHERE id % 5 = 0")[0][0])
-
-        def caught_up() -> bool:
-            try:
-                appended = int(dest.execute("SELECT count(*) FROM out.w")[0][0])
-            except psycopg.errors.UndefinedTable:
-                return False
-            lags = [collect(config)["sinks"][s]["lag_messages"] for s in ("mirror", "app")]
-            return appended == writers.changes + extra and lags == [0, 0]
-
-        wait_until(caught_up, 120, "the sinks to catch up")
-        deliver.send_signal(signal.SIGTERM)
-        assert deliver.wait(60) == 0, logs(tmp_path)
+        pipeline.stop_when(lambda: caught_up(config, source_db.dsn, dest.dsn, "public.w", "id"))
     assert _types(dest.dsn, "mirror.w") == _types(source_db.dsn, "public.w")
     assert_mirrored(source_db.dsn, "public.w", dest.dsn, "mirror.w", order="id")
     rows = dest.execute("SELECT idempotency_key, message->'record'->>'id', commit_lsn, commit_idx, delivered_at "
@@ -192,16 +177,12 @@ def test_schema_changes_while_a_backfill_of_the_table_runs(
     data["backfill"] = {"initial_page_size": 20, "max_page_size": 20}  # 20 pages: the DDL lands between them
     config = write_config(data)
     setup(config)
-    path = str(config.path)
-
     def pages() -> int:
         found = source_db.execute("SELECT coalesce(max(pages), 0) FROM cdc_pipeline.backfills")
         return int(found[0][0])
 
-    with processes(tmp_path) as start, Writers(source_db.dsn, _writer_step, count=1) as writers:
-        drain = start("--config", path, "drain")
-        deliver = start("--config", path, "deliver")
-        backfill = start("--config", path, "backfill", "public.w")
+    with streaming(tmp_path, config) as pipeline, Writers(source_db.dsn, _writer_step, count=1) as writers:
+        backfill = pipeline.start("--config", pipeline.path, "backfill", "public.w")
         updated = 0  # change messages of the statements below
         with source_db.connect() as conn:
             for after, statements in ((2, ["ALTER TABLE public.w ADD COLUMN d text DEFAULT 'dflt'"]),
@@ -217,10 +198,7 @@ def test_schema_changes_while_a_backfill_of_the_table_runs(
         assert pages() < 20, "the backfill ended before the schema changes: make its pages smaller"
         assert backfill.wait(180) == 0, logs(tmp_path)
         writers.stop()
-        wait_until(lambda: caught_up(config, source_db.dsn, dest.dsn, "public.w", "id"), 120, "the sinks to catch up")
-        for proc in (deliver, drain):
-            proc.send_signal(signal.SIGTERM)
-            assert proc.wait(60) == 0, logs(tmp_path)
+        pipeline.stop_when(lambda: caught_up(config, source_db.dsn, dest.dsn, "public.w", "id"))
     assert _types(dest.dsn, "mirror.w") == _types(source_db.dsn, "public.w")
     assert assert_mirrored(source_db.dsn, "public.w", dest.dsn, "mirror.w", order="id") >= 300
     rows = dest.execute("SELECT idempotency_key, message->'record'->>'id', commit_lsn, commit_idx, delivered_at, "

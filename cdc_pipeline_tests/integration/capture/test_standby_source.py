@@ -32,12 +32,7 @@ TABLES = ["public.acct", "public.big"]
 @pytest.fixture(scope="module", params=[16, 18], ids=lambda m: f"pg{m}")
 def pair(request: pytest.FixtureRequest) -> Iterator[sb.Pair]:
     with sb.primary_and_standby(request.param) as pair:
-        with psycopg.connect(pair.primary.dsn(), autocommit=True) as conn:
-            conn.execute("CREATE DATABASE src")
-        with psycopg.connect(pair.primary.dsn("src"), autocommit=True) as conn:
-            conn.execute("CREATE TABLE acct (id integer PRIMARY KEY, ver integer NOT NULL, note text)")
-            conn.execute("CREATE TABLE big (id integer PRIMARY KEY, v text)")
-            conn.execute("INSERT INTO big SELECT g, 'v' || g FROM generate_series(1, %s) g", (BIG,))
+        sb.create_source(pair.primary, BIG)
         sb.wait_caught_up(pair.primary, pair.standby)
         yield pair
 
