@@ -109,10 +109,10 @@ class Deliverer:
         self.sink = None if dry_run else (sink or build_sink(sink_config))
         # What the sink takes at once, and the log rows of a call settled on its own (schedule/limits.py).
         self.limits, self.batch_size = resolve_limits(config, sink_config, self.sink)
-        self.dispatch = Dispatch(self.sink, self.limits) if self.sink is not None else None  # schedule/dispatch.py
         self.enricher = (Enricher(config.source.dsn, sink_config.enrichment, self._key_columns)
                          if sink_config.enrichment else None)  # enrichment.py
         self._stop = threading.Event()
+        self.dispatch = Dispatch(self.sink, self.limits, self._stop) if self.sink is not None else None  # schedule/
         self.lane = LaneKeeper(sink_config.name, lane, sink_config.lanes, self.store, self._stop)  # lane_keeper.py
         self._keys: dict[str, tuple[str, ...]] = {}  # row streams: primary key columns per table
         self._resyncs: list[threading.Thread] = []  # backfills re-syncing a row stream (backlog.py)

@@ -14,14 +14,24 @@ import time
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cdc_pipeline.delivery.schedule.calls import Call, cut
 from cdc_pipeline.delivery.schedule.dispatch import Dispatch, deliver_in_order
 from cdc_pipeline.delivery.schedule.order import HELD, position_of
+from cdc_pipeline.delivery.schedule.requests import Requests, Stopped
 from cdc_pipeline.delivery.schedule.window import CallWindow
-from cdc_pipeline.sinks.base import NOT_SENT, EventLoopThread, Limits, OutboundMessage, Sink
+from cdc_pipeline.sinks.base import (
+    NOT_SENT,
+    EventLoopThread,
+    Limits,
+    OutboundMessage,
+    Sink,
+    SinkUnavailable,
+    Unreachable,
+)
 from cdc_pipeline.sinks.request_sink import RequestSink, Sent
 
 T0 = datetime(2026, 11, 26)
@@ -276,3 +286,56 @@ def test_the_window_fills_with_calls_of_other_groups() -> None:
     assert [o.call for o in done] == calls
     assert len(sink.sent) == 40
     assert sink.peak <= 8
+
+
+class Flaky(RequestSink):
+    """Requests that say the destination is down for the keys in `down` (at once), acknowledge the rest later."""
+
+    name = "flaky"
+
+    def __init__(self, down: set[str], gate: threading.Event | None = None) -> None:
+        self.down, self.gate, self.sent = down, gate, []
+        self._runner = EventLoopThread("test-flaky")
+
+    def loop(self) -> EventLoopThread:
+        return self._runner
+
+    async def send(self, batch: Sequence[OutboundMessage]) -> Sent:
+        self.sent += [m.key for m in batch]
+        if any(m.key in self.down for m in batch):
+            return Sent([Unreachable("503")] * len(batch), "endpoint answered 503")
+        await asyncio.sleep(0.01)
+        if self.gate is not None:
+            self.gate.set()  # a request went out: the test stops the run now
+            await asyncio.sleep(0.05)
+        return Sent([None] * len(batch))
+
+    def close(self) -> None:
+        self._runner.stop()
+
+
+def test_a_request_saying_down_beside_acknowledged_ones_fails_alone_and_a_down_destination_stops_the_call() -> None:
+    batch = [message((3000 + i, 0), f"g{i}") for i in range(40)]
+    sink = Flaky({batch[5].key})
+    try:
+        results = Requests(sink, 1, 8).deliver(batch)  # the others out beside it were acknowledged after it
+        assert results[5] == "503" and all(r is None for i, r in enumerate(results) if i != 5)
+        sink.down = {m.key for m in batch}
+        sink.sent = []
+        with pytest.raises(SinkUnavailable, match="503"):
+            Requests(sink, 1, 8).deliver(batch)
+        assert len(sink.sent) <= 8  # what was out when it said so; nothing after
+    finally:
+        sink.close()
+
+
+def test_a_stopping_run_sends_no_more_requests_of_a_call() -> None:
+    batch = [message((4000 + i, 0), f"g{i}") for i in range(40)]
+    stop = threading.Event()
+    sink = Flaky(set(), stop)
+    try:
+        with pytest.raises(Stopped):
+            Requests(sink, 1, 4, stop).deliver(batch)
+        assert len(sink.sent) <= 4  # the requests out when it stopped finish; no other goes
+    finally:
+        sink.close()

@@ -8,21 +8,22 @@ records one past a message that is not delivered yet.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 
 from cdc_pipeline.core.positions import Position
 from cdc_pipeline.delivery.schedule.order import GroupOrder, position_of
-from cdc_pipeline.delivery.schedule.requests import Requests
+from cdc_pipeline.delivery.schedule.requests import Requests, Stopped
 from cdc_pipeline.sinks.base import Limits, OutboundMessage, Sink, SinkUnavailable, Unreachable
 from cdc_pipeline.sinks.request_sink import RequestSink
 
 
 class Dispatch:
-    def __init__(self, sink: Sink, limits: Limits) -> None:
-        """`limits`: the sink's, resolved (limits.py)."""
+    def __init__(self, sink: Sink, limits: Limits, stop: threading.Event | None = None) -> None:
+        """`limits`: the sink's, resolved (limits.py); `stop` set: a request sink sends nothing more (requests.py)."""
         self.sink = sink
         self.one_per_group = not limits.ordered
-        self._deliver = (Requests(sink, limits.batch_size or 1, limits.max_in_flight).deliver
+        self._deliver = (Requests(sink, limits.batch_size or 1, limits.max_in_flight, stop).deliver
                          if isinstance(sink, RequestSink) else sink.deliver)
 
     def __call__(self, messages: Sequence[OutboundMessage], kept_back: Position | None = None) -> list[str | None]:
@@ -39,6 +40,8 @@ class Dispatch:
             self.sink.hold_position_below(ceiling)
             try:
                 results = self._deliver([messages[i] for i in call])
+            except Stopped:  # the run stops: the call is not settled (the next run sends it)
+                raise
             except SinkUnavailable as exc:
                 if not order.delivered:
                     raise

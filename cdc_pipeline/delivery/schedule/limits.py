@@ -14,9 +14,12 @@ from cdc_pipeline.sinks.request_sink import RequestSink
 
 def resolve(config: PipelineConfig, sink_config: SinkConfig, sink: Sink | None) -> tuple[Limits, int]:
     """The sink's limits, and the log rows of a call settled on its own: a call is one `deliver` of the sink,
-    or, for a request sink, a block of requests (at least `delivery.batch_size` rows: requests.py cuts it)."""
+    or, for a request sink, as many rows as its `max_in_flight` requests hold (at most `delivery.batch_size`
+    rows; requests.py cuts it), so a slow destination's offset still moves every few requests."""
     declared = sink.limits() if sink is not None else Limits()
     default = config.delivery.batch_size
     size = sink_config.batch_size or declared.batch_size or default
     limits = Limits(size, sink_config.max_in_flight or declared.max_in_flight, declared.ordered)
-    return limits, max(size, default) if isinstance(sink, RequestSink) else size
+    if not isinstance(sink, RequestSink):
+        return limits, size
+    return limits, max(size, min(size * limits.max_in_flight, default))
