@@ -139,3 +139,29 @@ def keep_or_destroy(cluster: embedded.EmbeddedPostgres, keep: bool) -> None:
     else:
         cluster.destroy()
         shutil.rmtree(cluster.root, ignore_errors=True)
+
+
+def _stat(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def tree_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of a live process, of its children it has reaped (a server's ended
+    backends) and of its live descendants (a JVM under a deliverer): a load-independent cost of its work."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents.setdefault(int(_stat(int(entry.name))[1]), []).append(int(entry.name))
+            except (FileNotFoundError, ProcessLookupError, IndexError):
+                continue
+    ticks, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            fields = _stat(p)
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        ticks += sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime
+        todo += parents.get(p, [])
+    return ticks / os.sysconf("SC_CLK_TCK")

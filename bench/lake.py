@@ -74,7 +74,7 @@ def lake_sink(fmt: str, mode: str, root: Path) -> Sink:
                                   catalog=IcebergCatalog(uri=f"sqlite:///{root}/catalog.db"))
     sink = build_sink(SimpleNamespace(name=f"{fmt}_{mode}", tables=["public.orders"], destination=dest))
     sink.open()
-    sink.prepare(lambda table: INFO)
+    sink.context.describe = lambda table: INFO
     return sink
 
 
@@ -116,7 +116,7 @@ def parquet(calls: list[list[OutboundMessage]], root: Path) -> float:
     spark = SparkSession.builder.master("local[2]").getOrCreate()
     spark.range(1).count()  # start-up not counted
     sink = ParquetSink(SimpleNamespace(name="pq", destination=SimpleNamespace(path=f"file://{root}/parquet")))
-    sink.bind_spark(spark)
+    sink.context.spark = spark
     try:
         return run_sink(sink, calls)
     finally:

@@ -7,13 +7,16 @@ and NATS JetStream (issue 23).
 A throwaway durable cluster; a table of `--rows` rows, each inserted then updated twice; `drain --until-idle`;
 then per sink type and lane count a fresh sink delivered by one `cdc-pipeline deliver --sink S --lane I
 --until-idle` process per lane, all started at once and timed until the last exits (start-up included).
-Every lane reads the sink's whole log and sends its share, so lanes pay where sending is the cost
-(latency, acknowledgements) and cores are free; on a 2-core machine they mostly compete for the CPUs.
+Each lane reads only its share of the log when the database can compute its groups (here: table and key),
+and prints the log rows it read (`rows_read`, shown per lane); before that, every lane read the whole log.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -34,6 +37,7 @@ from bench._common import (  # noqa: E402 - runnable as a script
     wait_quiet,
     write_config,
 )
+from cdc_pipeline.postgres import embedded  # noqa: E402
 
 
 def destination(kind: str, dest_dsn: str, name: str) -> dict[str, object]:
@@ -80,20 +84,59 @@ def main() -> None:
         total = 3 * args.rows
         for sink in sinks:
             busy = wait_quiet(args.wait_quiet) if args.wait_quiet else cpu_busy(1.0)
+            cpu0, server0 = _children_cpu(), server_cpu(cluster)
             t0 = time.monotonic()
             procs = [subprocess.Popen([CLI, "--config", str(cfg), "deliver", "--sink", str(sink["name"]), "--lane",
                                        str(i), "--until-idle"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
                      for i in range(int(sink["lanes"]))]  # type: ignore[call-overload]
             outputs = [p.communicate() for p in procs]
             seconds = time.monotonic() - t0
+            cpu = _children_cpu() - cpu0  # the lanes' own CPU (start-up included): less swayed by load than time
+            server = server_cpu(cluster) - server0  # the state and destination databases' work for them
             if any(p.returncode for p in procs):
                 raise SystemExit(f"deliver failed: {outputs}")
             rows.append((str(sink["destination"]["type"]), str(sink["lanes"]), f"{total:,}",  # type: ignore[index]
-                         f"{total / seconds:,.0f}", f"{seconds:.2f}", f"{busy:.0%}"))
+                         f"{total / seconds:,.0f}", f"{seconds:.2f}", f"{cpu:.2f}", f"{server:.2f}", rows_read(outputs), f"{busy:.0%}"))
             print(rows[-1], flush=True)
     finally:
         keep_or_destroy(cluster, args.keep)
-    print(table(rows, ("sink", "lanes", "messages", "msgs/s (processes)", "seconds", "CPU busy before")))
+    print(table(rows, ("sink", "lanes", "messages", "msgs/s (processes)", "seconds", "CPU s", "server CPU s",
+                       "rows read per lane",
+                       "CPU busy before")))
+
+
+def server_cpu(cluster: embedded.EmbeddedPostgres) -> float:
+    """CPU seconds of the bench cluster's server so far: the postmaster, its live processes, and those it has
+    reaped (the backends of connections already closed)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    master = int((cluster.data_dir / "postmaster.pid").read_text().split()[0])
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile: reaped, so counted in the postmaster's
+        pid, ppid = int(stat.parent.name), int(fields[1])
+        if pid == master:
+            total += sum(int(f) for f in fields[11:15])  # its own time and its reaped children's
+        elif ppid == master:
+            total += int(fields[11]) + int(fields[12])
+    return total / tick
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def rows_read(outputs: list[tuple[bytes, bytes]]) -> str:
+    """Each lane's `rows_read`, from the `sink S#I/N: {...}` line `deliver` prints when it ends."""
+    found = []
+    for out, _ in outputs:
+        for line in out.decode().splitlines():
+            if line.startswith("sink ") and ": {" in line:
+                found.append(str(json.loads(line.split(": ", 1)[1]).get("rows_read", "-")))
+    return " / ".join(f"{int(n):,}" if n.isdigit() else n for n in found)
 
 
 if __name__ == "__main__":

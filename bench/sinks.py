@@ -267,7 +267,7 @@ def main() -> None:
         with setups[name]() as dest:
             sink = build_sink(SimpleNamespace(name=f"bench_{name}", destination=dest), environ={})
             with sink:
-                sink.prepare(orders_shape)  # what the engine passes: the source table's shape
+                sink.context.describe = orders_shape  # what the engine gives: the source table's shape
                 seconds = run(sink, batch, args.batch, args.webhook_chunk)
         rate = len(batch) / seconds
         target = (GROUPED_TARGETS if args.grouped else TARGETS).get(name)

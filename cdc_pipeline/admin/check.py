@@ -36,22 +36,7 @@ def check(config: PipelineConfig, sinks: bool = True) -> list[Finding]:
         if not catalog.can_replicate(conn):
             out.append(Finding("error", "source", "the user lacks the REPLICATION privilege: "
                                "ALTER ROLE <user> WITH REPLICATION"))
-        owned: dict[str, bool] = {}
-        for t in config.tables:
-            info = catalog.describe_table(conn, t.schema_name, t.table_name)
-            if info is None:
-                feeder = _api_feeder(config, t.qualified)
-                out.append(Finding("todo", t.qualified, f"does not exist yet: `setup` creates it for api source "
-                                   f"{feeder}") if feeder else Finding("error", t.qualified, "table does not exist"))
-                continue
-            described[t.qualified] = info
-            privileges = catalog.privileges(conn, t.schema_name, t.table_name)
-            owned[t.qualified] = privileges["owner"]
-            out += _table_findings(t, info)
-            out += _value_findings(conn, config, t)
-            if not privileges["select"]:
-                out.append(Finding("warning", t.qualified, "the user cannot read the table, so backfills of it "
-                                   f"fail: GRANT SELECT ON {t.qualified} TO <user>"))
+        owned = _each_table(conn, config, described, out)
         out += _publication_findings(conn, config, owned)
         out += partitioned.findings(conn, config)
         out += generated.findings(conn, config)
@@ -70,13 +55,35 @@ def check(config: PipelineConfig, sinks: bool = True) -> list[Finding]:
     if sinks:
         from cdc_pipeline.delivery.enrichment import check_enrichment
         from cdc_pipeline.delivery.validate import validate_sinks  # imports pyspark: only when asked
-        from cdc_pipeline.sinks import sink_class
 
         for sink in config.sinks:  # what each sink's own destination lacks (a role's grants, say)
             out += sink_class(sink).check_findings(sink)
         out += validate_sinks(config, described)
         out += check_enrichment(config.sinks, config.source.dsn, described)
     return out
+
+
+def _each_table(conn: psycopg.Connection, config: PipelineConfig, described: dict[str, catalog.TableInfo],
+                out: list[Finding]) -> dict[str, bool]:
+    """Each configured table's findings into `out`, its description into `described`; returns which tables
+    the user owns."""
+    owned: dict[str, bool] = {}
+    for t in config.tables:
+        info = catalog.describe_table(conn, t.schema_name, t.table_name)
+        if info is None:
+            feeder = _api_feeder(config, t.qualified)
+            out.append(Finding("todo", t.qualified, f"does not exist yet: `setup` creates it for api source "
+                               f"{feeder}") if feeder else Finding("error", t.qualified, "table does not exist"))
+            continue
+        described[t.qualified] = info
+        privileges = catalog.privileges(conn, t.schema_name, t.table_name)
+        owned[t.qualified] = privileges["owner"]
+        out += _table_findings(t, info)
+        out += _value_findings(conn, config, t)
+        if not privileges["select"]:
+            out.append(Finding("warning", t.qualified, "the user cannot read the table, so backfills of it "
+                               f"fail: GRANT SELECT ON {t.qualified} TO <user>"))
+    return owned
 
 
 def _value_findings(conn: psycopg.Connection, config: PipelineConfig, t: TableConfig) -> list[Finding]:

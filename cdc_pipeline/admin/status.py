@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 
 from cdc_pipeline.capture import source_server
-from cdc_pipeline.config import PipelineConfig
+from cdc_pipeline.config import PipelineConfig, SinkConfig
 from cdc_pipeline.core.positions import position_lsn_text, position_text
 from cdc_pipeline.delivery.backlog import problem as backlog_problem
 from cdc_pipeline.postgres import catalog, session
@@ -42,49 +42,11 @@ def collect(config: PipelineConfig) -> dict[str, Any]:
         progress = stats.drain_progress(conn, schema, config.source.slot)
         out["source"] = source_server.figures(server, source_server.load(conn, schema, config.source.slot))
         if slot is not None:
-            lag_bytes = int(slot["lag_bytes"] or 0)
-            age = progress["heartbeat_age_seconds"] if progress else None
-            out["slot"] = {
-                "name": config.source.slot, "active": slot["active"],
-                "confirmed_flush_lsn": slot["confirmed_flush_lsn"],
-                "lag_bytes": lag_bytes, "retained_bytes": int(slot["retained_bytes"] or 0),
-                # No WAL waiting means no lag, however long ago the last heartbeat was.
-                "lag_seconds": round(age, 3) if age is not None and lag_bytes > 0 else 0.0,
-                "last_heartbeat_at": progress["last_heartbeat_at"].isoformat()
-                if progress and progress["last_heartbeat_at"] else None,
-            }
+            out["slot"] = _slot_figures(config, slot, progress)
         out["log"] = stats.log_stats(conn, schema)
         store = Store(schema)
         for sink in config.sinks:
-            offset = stats.sink_offset_row(conn, schema, sink.name)
-            pos = offset["position"] if offset else (0, -1)
-            out["sinks"][sink.name] = {
-                "offset": position_text(pos), "offset_lsn": position_lsn_text(pos),
-                "lag_messages": store.count_after(conn, sink.tables, pos, sink=sink.name),
-                "delivered": offset["delivered"] if offset else 0,
-                "filtered": offset["filtered"] if offset else 0,
-                "rows_read": offset["rows_read"] if offset else 0,  # log rows read, by all its lanes
-                **store.failed_summary(conn, sink.name),
-                "updated_at": offset["updated_at"].isoformat() if offset else None,
-                # Set while a running delivery waits for its destination to come back.
-                "waiting_for_destination": offset["waiting_reason"] if offset else None,
-                "waiting_since": offset["waiting_since"].isoformat() if offset and offset["waiting_since"] else None,
-            }
-            if offset and "lanes" in offset:  # core/lanes.py: each lane's own progress
-                out["sinks"][sink.name]["lanes"] = [{
-                    "lane": r["lane"], "offset": position_text(r["position"]),
-                    "offset_lsn": position_lsn_text(r["position"]), "delivered": r["delivered"],
-                    "rows_read": r["rows_read"],  # log rows this lane read: about 1/N of them when selected
-                    # Log messages after the lane's offset, all lanes' (an upper bound of its own).
-                    "behind_messages": store.count_after(conn, sink.tables, r["position"], sink=sink.name),
-                    "waiting_for_destination": r["waiting_reason"]} for r in offset["lanes"]]
-            out["sinks"][sink.name].update(sink_class(sink).status(sink, conn, schema))
-            age = store.oldest_age(conn, sink.tables, pos, sink=sink.name)
-            # How old the oldest change not delivered yet is (0: caught up): what `lag_below_max` checks.
-            out["sinks"][sink.name]["lag_seconds"] = round(age, 3) if age is not None else 0.0
-            stopped = backlog_problem(config, sink, age)
-            if stopped:
-                out["sinks"][sink.name]["error"] = stopped
+            out["sinks"][sink.name] = _sink_figures(config, sink, conn, store)
         out["backfills"], out["backfills_text"] = _backfills(config, conn, slot)
         changes = relations.schema_changes(conn, schema)  # capture/schema_changes.py
         out["schema_changes"] = {t.qualified: changes[t.qualified] for t in config.tables if t.qualified in changes}
@@ -92,6 +54,54 @@ def collect(config: PipelineConfig) -> dict[str, Any]:
             from cdc_pipeline.api_sync import lag
 
             out["api_sync"] = lag.collect(config, conn)
+    return out
+
+
+def _slot_figures(config: PipelineConfig, slot: dict[str, Any], progress: dict[str, Any] | None) -> dict[str, Any]:
+    lag_bytes = int(slot["lag_bytes"] or 0)
+    age = progress["heartbeat_age_seconds"] if progress else None
+    return {
+        "name": config.source.slot, "active": slot["active"],
+        "confirmed_flush_lsn": slot["confirmed_flush_lsn"],
+        "lag_bytes": lag_bytes, "retained_bytes": int(slot["retained_bytes"] or 0),
+        # No WAL waiting means no lag, however long ago the last heartbeat was.
+        "lag_seconds": round(age, 3) if age is not None and lag_bytes > 0 else 0.0,
+        "last_heartbeat_at": progress["last_heartbeat_at"].isoformat()
+        if progress and progress["last_heartbeat_at"] else None,
+    }
+
+
+def _sink_figures(config: PipelineConfig, sink: SinkConfig, conn: psycopg.Connection, store: Store) -> dict[str, Any]:
+    schema = config.state.schema_name
+    offset = stats.sink_offset_row(conn, schema, sink.name)
+    pos = offset["position"] if offset else (0, -1)
+    out: dict[str, Any] = {
+        "offset": position_text(pos), "offset_lsn": position_lsn_text(pos),
+        "lag_messages": store.count_after(conn, sink.tables, pos, sink=sink.name),
+        "delivered": offset["delivered"] if offset else 0,
+        "filtered": offset["filtered"] if offset else 0,
+        "rows_read": offset["rows_read"] if offset else 0,  # log rows read, by all its lanes
+        **store.failed_summary(conn, sink.name),
+        "updated_at": offset["updated_at"].isoformat() if offset else None,
+        # Set while a running delivery waits for its destination to come back.
+        "waiting_for_destination": offset["waiting_reason"] if offset else None,
+        "waiting_since": offset["waiting_since"].isoformat() if offset and offset["waiting_since"] else None,
+    }
+    if offset and "lanes" in offset:  # core/lanes.py: each lane's own progress
+        out["lanes"] = [{
+            "lane": r["lane"], "offset": position_text(r["position"]),
+            "offset_lsn": position_lsn_text(r["position"]), "delivered": r["delivered"],
+            "rows_read": r["rows_read"],  # log rows this lane read: about 1/N of them when selected
+            # Log messages after the lane's offset, all lanes' (an upper bound of its own).
+            "behind_messages": store.count_after(conn, sink.tables, r["position"], sink=sink.name),
+            "waiting_for_destination": r["waiting_reason"]} for r in offset["lanes"]]
+    out.update(sink_class(sink).status(sink, conn, schema))
+    age = store.oldest_age(conn, sink.tables, pos, sink=sink.name)
+    # How old the oldest change not delivered yet is (0: caught up): what `lag_below_max` checks.
+    out["lag_seconds"] = round(age, 3) if age is not None else 0.0
+    stopped = backlog_problem(config, sink, age)
+    if stopped:
+        out["error"] = stopped
     return out
 
 

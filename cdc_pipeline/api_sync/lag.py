@@ -50,67 +50,69 @@ def collect(config: PipelineConfig, conn: psycopg.Connection | None = None) -> d
         return {s.name: {"error": "api sync state missing: run `cdc-pipeline setup` or `api-sync`"}
                 for s in config.api_sources}
     s = sql.Identifier(schema)
-    out: dict[str, Any] = {}
     now = datetime.now(UTC)
     with conn.cursor(row_factory=dict_row) as cur:
-        for source in config.api_sources:
-            budget = cur.execute(sql.SQL("SELECT *, extract(epoch FROM clock_timestamp())::float8 AS now "
-                                         "FROM {}.api_sync_budget WHERE source = %s").format(s),
-                                 (source.name,)).fetchone()
-            rl = source.rate_limit
-            quota = Quota(rl.requests, rl.per_seconds, rl.share)
-            if budget and budget["quota_requests"] and budget["quota_seconds"]:
-                reported = Quota(budget["quota_requests"], budget["quota_seconds"], rl.share)
-                if reported.budget / reported.seconds < quota.budget / quota.seconds:
-                    quota = reported
-            factor = float(budget["factor"]) if budget else 1.0
-            used = 0
-            if budget:
-                row = cur.execute(sql.SQL("SELECT count(*) AS n FROM {}.api_sync_requests WHERE source = %s "
-                                          "AND at > %s AND at <= %s").format(s),
-                                  (source.name, budget["now"] - quota.seconds, budget["now"])).fetchone()
-                used = int(row["n"]) if row else 0
-            computed = computed_max_lag(len(source.collections), quota, factor, ADAPTERS[source.type].sweeps)
-            rows = {r["collection"]: r for r in cur.execute(sql.SQL(
-                "SELECT * FROM {}.api_sync_collections WHERE source = %s").format(s), (source.name,)).fetchall()}
-            collections: dict[str, Any] = {}
-            for coll in source.collections:
-                r = rows.get(coll.name)
-                lags = list(r["recent_lags"]) if r else []
-                total = r["backfill_total"] if r else None
-                done = r["backfill_records"] if r else 0
-                collections[coll.name] = {
-                    "table": coll.table,
-                    "phase": r["phase"] if r else "not started",
-                    "backfill_records": done,
-                    "backfill_total": total,
-                    "backfill_progress": (1.0 if r and r["phase"] == "sync" else
-                                          round(min(1.0, done / total), 4) if total else None),
-                    "records_synced": r["records_synced"] if r else 0,
-                    "records_deleted": r["records_deleted"] if r else 0,
-                    "requests": r["requests"] if r else 0,
-                    "lag_seconds": round((now - r["synced_as_of"]).total_seconds(), 3)
-                    if r and r["synced_as_of"] else None,
-                    "observed_max_lag_seconds": max(lags) if lags else None,
-                    "last_error": r["last_error"] if r else None,
-                }
-            out[source.name] = {
-                "type": source.type,
-                "requests_in_window": used,
-                "budget_per_window": quota.budget,
-                "window_seconds": quota.seconds,
-                "request_interval_seconds": round(quota.interval(factor), 3),
-                "factor": factor,
-                # A pause stored beyond the cap (an older version) is held to it at the next request.
-                "paused_for_seconds": round(min(max(0.0, budget["paused_until"] - budget["now"]),
-                                                rl.max_retry_after_seconds), 3) if budget else 0.0,
-                "max_retry_after_seconds": rl.max_retry_after_seconds,
-                "throttled": int(budget["throttled"]) if budget else 0,
-                "computed_max_lag_seconds": round(computed, 3),
-                "max_lag_ceiling_seconds": round(lag_ceiling(source, computed), 3),
-                "collections": collections,
-            }
-    return out
+        return {source.name: _source_figures(cur, s, source, now) for source in config.api_sources}
+
+
+def _source_figures(cur: psycopg.Cursor[dict[str, Any]], s: sql.Identifier, source: ApiSourceConfig,
+                    now: datetime) -> dict[str, Any]:
+    budget = cur.execute(sql.SQL("SELECT *, extract(epoch FROM clock_timestamp())::float8 AS now "
+                                 "FROM {}.api_sync_budget WHERE source = %s").format(s), (source.name,)).fetchone()
+    rl = source.rate_limit
+    quota = Quota(rl.requests, rl.per_seconds, rl.share)
+    if budget and budget["quota_requests"] and budget["quota_seconds"]:
+        reported = Quota(budget["quota_requests"], budget["quota_seconds"], rl.share)
+        if reported.budget / reported.seconds < quota.budget / quota.seconds:
+            quota = reported
+    factor = float(budget["factor"]) if budget else 1.0
+    used = 0
+    if budget:
+        row = cur.execute(sql.SQL("SELECT count(*) AS n FROM {}.api_sync_requests WHERE source = %s "
+                                  "AND at > %s AND at <= %s").format(s),
+                          (source.name, budget["now"] - quota.seconds, budget["now"])).fetchone()
+        used = int(row["n"]) if row else 0
+    computed = computed_max_lag(len(source.collections), quota, factor, ADAPTERS[source.type].sweeps)
+    rows = {r["collection"]: r for r in cur.execute(sql.SQL(
+        "SELECT * FROM {}.api_sync_collections WHERE source = %s").format(s), (source.name,)).fetchall()}
+    return {
+        "type": source.type,
+        "requests_in_window": used,
+        "budget_per_window": quota.budget,
+        "window_seconds": quota.seconds,
+        "request_interval_seconds": round(quota.interval(factor), 3),
+        "factor": factor,
+        # A pause stored beyond the cap (an older version) is held to it at the next request.
+        "paused_for_seconds": round(min(max(0.0, budget["paused_until"] - budget["now"]),
+                                        rl.max_retry_after_seconds), 3) if budget else 0.0,
+        "max_retry_after_seconds": rl.max_retry_after_seconds,
+        "throttled": int(budget["throttled"]) if budget else 0,
+        "computed_max_lag_seconds": round(computed, 3),
+        "max_lag_ceiling_seconds": round(lag_ceiling(source, computed), 3),
+        "collections": {coll.name: _collection_figures(coll.table, rows.get(coll.name), now)
+                        for coll in source.collections},
+    }
+
+
+def _collection_figures(table: str, r: dict[str, Any] | None, now: datetime) -> dict[str, Any]:
+    """One collection's row of api_sync_collections (None: not started) as figures."""
+    lags = list(r["recent_lags"]) if r else []
+    total = r["backfill_total"] if r else None
+    done = r["backfill_records"] if r else 0
+    return {
+        "table": table,
+        "phase": r["phase"] if r else "not started",
+        "backfill_records": done,
+        "backfill_total": total,
+        "backfill_progress": (1.0 if r and r["phase"] == "sync" else
+                              round(min(1.0, done / total), 4) if total else None),
+        "records_synced": r["records_synced"] if r else 0,
+        "records_deleted": r["records_deleted"] if r else 0,
+        "requests": r["requests"] if r else 0,
+        "lag_seconds": round((now - r["synced_as_of"]).total_seconds(), 3) if r and r["synced_as_of"] else None,
+        "observed_max_lag_seconds": max(lags) if lags else None,
+        "last_error": r["last_error"] if r else None,
+    }
 
 
 def render(figures: dict[str, Any]) -> list[str]:

@@ -10,7 +10,10 @@ target sink's backlog exceeds ``backfill.max_sink_backlog`` (backfill/flow.py). 
 process consumes the slot, every progress line says so and names the fix. Between pages the runner
 follows the backfill's status (pause, resume, cancel). Resuming after a crash re-sends the high
 watermark of every staged page (a page whose high watermark did get out is reconciled once; the re-sent
-one is a no-op) and reads on from the last staged page: only a page that was being read is read again.
+one is a no-op) and reads on from the last staged page: only a page that was being read is read again. Staged
+rows are unlogged (no WAL, nothing for the walsender to decode): a crash of the state database empties them,
+so resuming first finds the first staged page whose rows are gone and reads again from there (the drain
+never reconciles a page without its rows; the first staging's high watermark no longer matches its token).
 
 Rows whose sort column is NULL are not part of a partial backfill (they have no position in the
 order); a full backfill orders by the primary key, which is never NULL.
@@ -244,6 +247,12 @@ class Backfiller:
         key = self.store.mac_key(state, bid)
         primary = self._primary or src
         pages = self.store.pages(state, bid)
+        lost = self.flow.pages.first_lost(state, bid)
+        if lost is not None:  # see the module docstring
+            log.warning("backfill %s: the staged rows of pages %s-%s are gone (the state database crashed?): "
+                        "reading them again", bid, lost, pages[-1]["page_no"])
+            self.flow.pages.discard_from(state, bid, lost)
+            pages = [p for p in pages if p["page_no"] < lost]
         for page in pages:
             if page["status"] == "staged":  # see the module docstring
                 emit(primary, Watermark(bid, page["page_no"], "high", token=page_token(page["snapshot"], page["read_at"])),

@@ -1,9 +1,9 @@
 """When a backfill reads typed rows, and their shape.
 
 A page is read as the row's composite text (``ROW(...)::text``) instead of ``to_jsonb`` when one of the
-backfill's sinks writes typed rows as they are (a Postgres mirror that needs no Spark work: no filter,
-transform, route or grouping columns, change stream) and every column's type reads back identically
-in the destination: built-in types, which the mirror creates as they are, and enums (and arrays of them),
+backfill's sinks takes typed rows (its capability, `sinks.takes_typed`: a Postgres mirror that needs no
+Spark work: no filter, transform, route or grouping columns, change stream) and every column's type reads
+back identically in the destination: built-in types, which the mirror creates as they are, and enums (and arrays of them),
 which it creates as text. Anything else (domains, composites, ranges of user types, user-defined base
 types), `json` (its NUL escapes are rewritten for the JSON path), `money` (locale-dependent text) and
 the `reg*` OID aliases (names resolved by the reading database's catalog) keep the JSON path for the
@@ -17,28 +17,17 @@ from collections.abc import Collection, Sequence
 
 import psycopg
 
-from cdc_pipeline.config import PipelineConfig, SinkConfig
+from cdc_pipeline.config import PipelineConfig
 from cdc_pipeline.postgres import catalog
 from cdc_pipeline.postgres.oids import FIRST_USER_OID, OID, OID_ALIASES, NamedOID
 from cdc_pipeline.postgres.pgtypeinfo import TYPE_SQL
-from cdc_pipeline.sinks import sink_class
-from cdc_pipeline.sinks.base import Sink
+from cdc_pipeline.sinks import takes_typed
 from cdc_pipeline.state.typed_rows import Columns
 
 # json and money (and arrays of them) keep the JSON path, as do the OID alias types (oids.py: OID_ALIASES;
 # element types too): they print as names that only the source's catalog resolves, which a state database
 # elsewhere cannot parse back.
 _JSON_PATH_ONLY = frozenset({OID.JSON, OID.JSON_ARRAY, NamedOID.MONEY, NamedOID.MONEY_ARRAY})
-
-
-def takes_typed(config: PipelineConfig, sink: SinkConfig, sink_type: type[Sink] | None = None) -> bool:
-    """A sink whose delivery writes typed reads as they are: its type takes typed rows and its messages need
-    no record (no filter, transform, route or grouping by columns; delivery/spark_stage.py `needs_record`).
-    The one decision, asked by a backfill of the config's sink type and by delivery of the sink it built."""
-    if not (sink_type or sink_class(sink)).takes_typed_rows(sink):
-        return False
-    grouped = sink.message_grouping and any(t.group_columns for t in config.tables if t.qualified in sink.tables)
-    return sink.stream == "changes" and not (sink.filter or sink.transform or sink.route or grouped)
 
 
 def wanted(config: PipelineConfig, sinks: Sequence[str]) -> bool:

@@ -94,6 +94,13 @@ class Reconciler:
             return 0, 0
         if mark.token is not None and mark.token != page_token(page.snapshot, page.read_at):
             return 0, 0  # it sealed an earlier staging of this page that was lost; the page was read again
+        if not page.in_order:
+            # The staging table is unlogged: a crash of the state database emptied it. Reconciling would drop
+            # every row of the page (or, for a later page, checkpoint past it); it stays staged, and the
+            # backfill reads it again when it runs next.
+            log.warning("backfill %s page %s: its staged rows, or an earlier page's, are gone (the state database "
+                        "crashed?): not reconciled; read again when the backfill resumes", mark.backfill_id, mark.page)
+            return 0, 0
         shape = self._shape(conn, mark.backfill_id)
         if shape is None:
             return 0, 0

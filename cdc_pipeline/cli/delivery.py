@@ -43,6 +43,7 @@ def deliver(ctx: click.Context, sink: str | None, lane: int | None, until_idle: 
     what is waiting now and stops. A sink with `lanes: N` is delivered by N deliverers (its lanes), or only
     by lane --lane."""
     shutdown = stop_on_signals()  # before the slow part: a signal during start-up is a clean stop
+    from cdc_pipeline.delivery.dry_run import DryRun
     from cdc_pipeline.delivery.engine import Deliverer
     from cdc_pipeline.delivery.lazy_spark import LazySpark
     from cdc_pipeline.delivery.pandas_free import prepare_arrow
@@ -65,7 +66,8 @@ def deliver(ctx: click.Context, sink: str | None, lane: int | None, until_idle: 
     out = open(output, "w") if output else sys.stdout  # noqa: SIM115 - closed below
     ops = None
     try:
-        deliverers = [Deliverer(config, one, spark, dry_run=dry_run, dry_run_out=out, lane=i) for one, i in lanes]
+        deliverers = [DryRun(config, one, spark, out, lane=i) if dry_run else Deliverer(config, one, spark, lane=i)
+                      for one, i in lanes]
         for deliverer in deliverers:
             shutdown.on_stop(deliverer.stop)
         ops = None if dry_run else start_ops(config, metrics_port, lambda: list(deliverers),

@@ -31,7 +31,7 @@ def build_definitions(path: str, translator: CdcTranslator | None = None) -> Def
     return Definitions.merge(
         capture_definitions(pipeline, translator),
         delivery_definitions(pipeline, translator),
-        failed_definitions(pipeline, translator),
+        failed_definitions(pipeline),  # jobs only: no assets to translate
         lake_definitions(pipeline, translator),
         backfill_definitions(pipeline, translator),
         api_sync_definitions(pipeline, translator),

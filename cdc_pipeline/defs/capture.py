@@ -10,7 +10,6 @@ evaluation timeout, the drain's logs and failures on the Runs page, and a termin
 """
 
 
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,15 +19,11 @@ from dagster import (
     AssetChecksDefinition,
     AssetExecutionContext,
     AssetKey,
-    AssetMaterialization,
     AssetsDefinition,
     AssetSelection,
     AssetSpec,
-    Config,
-    DataVersion,
     DefaultSensorStatus,
     Definitions,
-    MaterializeResult,
     SensorDefinition,
     SensorEvaluationContext,
     SensorResult,
@@ -40,105 +35,31 @@ from dagster import (
     sensor,
 )
 
-from cdc_pipeline.capture.drain import Drain, DrainStats
 from cdc_pipeline.config import PipelineConfig
 from cdc_pipeline.config.errors import describe_error
-from cdc_pipeline.core.positions import Position, position_lsn_text
 from cdc_pipeline.defs.asset_data import ChangeLogData, SourceTableData
 from cdc_pipeline.defs.backfill_pool import BACKFILL_POOL
-from cdc_pipeline.defs.health import SLOT_LAG_CHECK, SLOT_LAG_DESCRIPTION, log_head, slot_check, slot_figures
-from cdc_pipeline.defs.materialize import CATCH_UP_SECONDS, clicked, drain_elsewhere
-from cdc_pipeline.defs.pacing import CheckGate, LogPace
+from cdc_pipeline.defs.drain_run import DRAIN_JOB, DrainResource, DrainRunConfig
+from cdc_pipeline.defs.health import (
+    SLOT_LAG_CHECK,
+    SLOT_LAG_DESCRIPTION,
+    slot_check,
+    slot_figures,
+)
 from cdc_pipeline.defs.resources import CdcConfigResource
-from cdc_pipeline.defs.run_metrics import run_metrics
-from cdc_pipeline.defs.runs import next_run, wait_for_predecessor
-from cdc_pipeline.defs.streaming import EVENT_SECONDS, stream_while
+from cdc_pipeline.defs.runs import next_run
 from cdc_pipeline.defs.tags import AFTER_TAG, DRAIN_TAGS, NO_RUN_RETRIES
 from cdc_pipeline.defs.translator import CdcTranslator, asset_args, source_tables
-from cdc_pipeline.defs.versions import position_version, provenance_tags, upstream_inputs
-from cdc_pipeline.ops.readiness import drain_streaming
-from cdc_pipeline.ops.run_ports import run_port
-
-DRAIN_JOB = "cdc_drain"
-
-
-class DrainRunConfig(Config):
-    max_seconds: float | None = None  # empty: drain.run_minutes from cdc.yaml
-    until_idle: bool = False  # stop once the slot has nothing more (a one-off catch-up)
-
-
-def drain_figures(pipeline: PipelineConfig, stats: DrainStats | None = None) -> dict[str, Any]:
-    out = slot_figures(pipeline)
-    if stats is not None:
-        out.update(drained_changes=stats.changes, drained_transactions=stats.transactions,
-                   drain_rate_changes_per_s=round(stats.rate, 1), heartbeats=stats.heartbeats,
-                   # The drain rides through lost connections: how often it had to in this run, and why.
-                   drain_retries=stats.retries)
-        if stats.last_error:  # no "None" in the UI
-            out["drain_last_error"] = str(stats.last_error)
-    return out
 
 
 def build_change_log_asset(spec: AssetSpec, tables: list[str]) -> AssetsDefinition:
-    key = spec.key
     sources = [dep.asset_key for dep in spec.deps]
 
     @asset(**asset_args(spec), output_required=False)
-    def _change_log(context: AssetExecutionContext, config: DrainRunConfig, cdc: CdcConfigResource) -> Iterator[Any]:
-        pipeline = cdc.load()
-        seconds = config.max_seconds or pipeline.drain.run_minutes * 60
-        until_idle = config.until_idle
-        if clicked(context, [DRAIN_JOB]):  # a Materialize click: never a second stream (defs/materialize.py)
-            elsewhere = drain_elsewhere(context, pipeline, [DRAIN_JOB])
-            if elsewhere is not None:
-                context.log.info(f"the drain already streams ({elsewhere}): nothing to do, this run ends")
-                return
-            seconds, until_idle = min(seconds, CATCH_UP_SECONDS), True
-            context.log.info(f"no drain streams: catching up until idle (at most {seconds:.0f} s); the "
-                             "cdc_drain_sensor keeps the long-lived drain run")
-        wait_for_predecessor(context, context.log)
-        drain = Drain(pipeline)
-        pace = LogPace(pipeline.drain.report_seconds, time.monotonic())
-        gate = CheckGate()
-        context.log.info(f"draining slot {pipeline.source.slot!r} for {seconds:.0f} s")
-
-        def materialization(figures: dict[str, Any], head: Position) -> tuple[DataVersion, dict[str, Any],
-                                                                               dict[str, str]]:
-            version = position_version(head)
-            tags = provenance_tags(version, context.run_id, upstream_inputs(context.instance, sources))
-            return version, {**figures, "log_head": version.value, "log_head_lsn": position_lsn_text(head)}, tags
-
-        def poll() -> list[Any]:
-            figures = drain_figures(pipeline)
-            head = log_head(pipeline, tables)
-            events: list[Any] = []
-            if pace.due(head, time.monotonic()):  # the log moved, and the last one is report_seconds old
-                pace.recorded(head, time.monotonic())
-                _, metadata, tags = materialization(figures, head)
-                events.append(AssetMaterialization(key, metadata=metadata, tags=tags))
-            return events + gate.changed([slot_check(pipeline, key, figures)])
-
-        # The same /metrics, /healthz, /readyz as `drain --metrics-port`, on the drain's port of the map.
-        with run_metrics(context.log, pipeline, run_port(pipeline), lambda: [drain], [drain_streaming(drain)]):
-            stats = yield from stream_while(
-                "cdc-drain", lambda: drain.run(seconds=seconds, until_idle=until_idle), drain.stop, poll,
-                EVENT_SECONDS, lambda exc: context.log.warning(f"could not read the slot's figures: {exc}"),
-                lambda result: context.log.info(_stopped(result)))
-        context.log.info(f"drained {stats.changes} changes ({stats.rate:.0f}/s) in {stats.seconds:.0f} s")
-        figures = drain_figures(pipeline, stats)
-        version, metadata, tags = materialization(figures, log_head(pipeline, tables))
-        yield slot_check(pipeline, key, figures)
-        yield MaterializeResult(metadata=metadata, data_version=version, tags=tags)
+    def _change_log(context: AssetExecutionContext, config: DrainRunConfig, drain: DrainResource) -> Iterator[Any]:
+        yield from drain.stream(context, config, tables, sources)
 
     return _change_log
-
-
-def _stopped(result: Any) -> str:
-    if isinstance(result, DrainStats):
-        lsn = result.committed_lsn
-        return (f"drain stopped on request: log committed and slot acknowledged up to "
-                f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X} ({result.changes} changes drained by this run)")
-    return f"drain stopped on request ({result})"
 
 
 def build_slot_check(key: AssetKey) -> AssetChecksDefinition:

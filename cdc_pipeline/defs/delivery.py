@@ -16,15 +16,11 @@ from typing import Any
 from dagster import (
     AssetExecutionContext,
     AssetKey,
-    AssetMaterialization,
     AssetsDefinition,
     AssetSelection,
     AssetSpec,
-    Config,
-    DataVersion,
     DefaultSensorStatus,
     Definitions,
-    MaterializeResult,
     SensorDefinition,
     SensorEvaluationContext,
     SensorResult,
@@ -37,23 +33,17 @@ from dagster import (
 from cdc_pipeline.config import PipelineConfig, SinkConfig
 from cdc_pipeline.config.errors import describe_error
 from cdc_pipeline.core.lanes import lane_name
-from cdc_pipeline.core.positions import START, position_lsn_text
 from cdc_pipeline.defs.asset_data import ChangeLogData, SinkData
-from cdc_pipeline.defs.columns import column_schema, sink_table
-from cdc_pipeline.defs.health import failed_job_name, sink_checks, sink_figures
-from cdc_pipeline.defs.materialize import CATCH_UP_SECONDS, clicked, delivery_elsewhere
-from cdc_pipeline.defs.pacing import CheckGate, ParkedWarning, SinkPace, covers
-from cdc_pipeline.defs.resources import CdcConfigResource, SinksResource, SparkResource
-from cdc_pipeline.defs.run_metrics import run_metrics
-from cdc_pipeline.defs.runs import next_run, wait_for_predecessor
+from cdc_pipeline.defs.delivery_run import DeliveryResource, DeliveryRunConfig
+from cdc_pipeline.defs.health import (
+    sink_checks,
+    sink_figures,
+)
+from cdc_pipeline.defs.resources import CdcConfigResource
+from cdc_pipeline.defs.runs import next_run
 from cdc_pipeline.defs.sink_checks import build_sink_checks
-from cdc_pipeline.defs.streaming import EVENT_SECONDS, stream_while
 from cdc_pipeline.defs.tags import AFTER_TAG, NO_RUN_RETRIES, delivery_run_tags
 from cdc_pipeline.defs.translator import CdcTranslator, asset_args
-from cdc_pipeline.defs.versions import Recorded, latest, provenance_tags, upstream_inputs, version_position
-from cdc_pipeline.delivery.engine import Deliverer, DeliveryStats
-from cdc_pipeline.ops.readiness import deliverers_not_waiting
-from cdc_pipeline.ops.run_ports import run_port
 from cdc_pipeline.postgres import session
 from cdc_pipeline.state.lanes import SinkLanes
 from cdc_pipeline.state.store import Store
@@ -63,121 +53,20 @@ SENSOR_CHECK_SECONDS = 30.0  # the sensor records a lagging sink's checks when n
 # failures; a run that fails anyway is restarted by the sensor with backoff.
 
 
-class DeliveryRunConfig(Config):
-    lane: int = 0  # the lane this run delivers (its job sets it: deliver_<sink>_lane<I>)
-    dry_run: bool = False
-    max_seconds: float | None = None  # empty: delivery.run_minutes from cdc.yaml
-    until_idle: bool = False  # stop once the sink has caught up (a one-off catch-up)
-
-
 def delivery_job_name(sink_name: str, lane: int = 0, lanes: int = 1) -> str:
     return f"deliver_{sink_name.replace('-', '_')}" + (f"_lane{lane}" if lanes > 1 else "")
 
 
 def build_sink_asset(sink: SinkConfig, spec: AssetSpec, log_key: AssetKey) -> AssetsDefinition:
-    key = spec.key
-    others = [dep.asset_key for dep in spec.deps if dep.asset_key != log_key]  # the snapshots
-
+    upstream = (log_key, [dep.asset_key for dep in spec.deps if dep.asset_key != log_key])  # the log, the snapshots
     own_jobs = [delivery_job_name(sink.name, lane, sink.lanes) for lane in range(sink.lanes)]
 
     @asset(**asset_args(spec), output_required=False)
-    def _deliver(context: AssetExecutionContext, config: DeliveryRunConfig, cdc: CdcConfigResource,
-                 pyspark: SparkResource, sinks: SinksResource) -> Iterator[Any]:
-        pipeline = cdc.load()
-        sink_config = pipeline.sink(sink.name)
-        seconds = config.max_seconds or pipeline.delivery.run_minutes * 60
-        until_idle = config.until_idle
-        if clicked(context, own_jobs):  # a Materialize click: never a second stream (defs/materialize.py)
-            elsewhere = delivery_elsewhere(context, pipeline, sink_config, own_jobs)
-            if elsewhere is not None:
-                context.log.info(f"sink {sink.name} is already being delivered ({elsewhere}): nothing to do, "
-                                 "this run ends")
-                return
-            seconds, until_idle = min(seconds, CATCH_UP_SECONDS), True
-            context.log.info(f"no delivery of {sink.name} runs: catching up until idle (at most {seconds:.0f} s); "
-                             "the cdc_delivery_sensor keeps the long-lived delivery runs")
-        wait_for_predecessor(context, context.log)  # a successor: Spark is warm, take over without a gap
-        destination = None if config.dry_run else sinks.build(sink.name)
-        deliverer = Deliverer(pipeline, sink_config, pyspark.spark_session, sink=destination,
-                              dry_run=config.dry_run, lane=config.lane)
-        pace = SinkPace(pipeline.delivery.report_seconds, time.monotonic())
-        gate = CheckGate()
-        parked_warning = ParkedWarning()
-        rate = {"delivered": None, "at": time.monotonic()}
-        one_table = sink_table(sink_config)
-
-        def columns() -> dict[str, Any]:  # dagster/column_schema: a sink holding one table's columns as they are
-            return column_schema(pipeline, one_table) if one_table else {}
-
-        def materialization(figures: dict[str, Any], log: Recorded, log_input: str
-                            ) -> tuple[DataVersion, dict[str, str]]:
-            version = DataVersion(figures["offset"])
-            inputs = {log_key: (log_input, log.storage_id if log_input == log.version else None),
-                      **upstream_inputs(context.instance, others)}
-            return version, provenance_tags(version, context.run_id, inputs)
-
-        def poll() -> list[Any]:
-            log = latest(context.instance, log_key)  # before the figures: they are at least as new
-            figures = sink_figures(pipeline, sink_config)
-            now = time.monotonic()
-            if rate["delivered"] is not None:
-                figures["throughput_msgs_per_s"] = round(
-                    (figures["delivered_total"] - rate["delivered"]) / max(1e-3, now - rate["at"]), 1)
-            rate.update(delivered=figures["delivered_total"], at=now)
-            offset = version_position(figures["offset"]) or START
-            log_at = None if log.timestamp is None else now - (time.time() - log.timestamp)
-            log_input = pace.input_version(now, offset, log.version, log_at, drained=figures["lag_messages"] == 0)
-            events: list[Any] = []
-            if log_input is not None:
-                pace.recorded(offset, log_input, log.version, now)
-                _, tags = materialization(figures, log, log_input)
-                events.append(AssetMaterialization(key, metadata={**shown(figures), **columns()}, tags=tags))
-            if parked_warning.due(int(figures.get("parked") or 0), now):
-                context.log.warning(parked_line(sink.name, figures))
-            return events + gate.changed(sink_checks(pipeline, key, figures, sink.name))
-
-        # The same /metrics, /healthz, /readyz as `deliver --sink S --lane I --metrics-port`, on the lane's
-        # port of the map (none for a dry run, as in the CLI).
-        port = None if config.dry_run else run_port(pipeline, sink.name, config.lane)
-        with run_metrics(context.log, pipeline, port, lambda: [deliverer],
-                         [deliverers_not_waiting(lambda: [deliverer])]):
-            stats = yield from stream_while(
-                f"cdc-deliver-{deliverer.lane.name}",
-                lambda: deliverer.run(until_idle=until_idle, seconds=seconds),
-                deliverer.stop, poll, EVENT_SECONDS,
-                lambda exc: context.log.warning(f"could not read sink {sink.name}'s figures: {exc}"),
-                lambda result: context.log.info(_stopped(sink.name, result)))
-        log = latest(context.instance, log_key)
-        figures = sink_figures(pipeline, sink_config)
-        offset = version_position(figures["offset"]) or START
-        held = covers(log.version, offset, drained=figures["lag_messages"] == 0)
-        version, tags = materialization(figures, log, log.version if held and log.version else figures["offset"])
-        yield from sink_checks(pipeline, key, figures, sink.name)
-        yield MaterializeResult(
-            metadata={**shown({**stats.as_metadata(), **figures, "dry_run": config.dry_run}), **columns()},
-            data_version=version,
-            tags=tags)
+    def _deliver(context: AssetExecutionContext, config: DeliveryRunConfig, delivery: DeliveryResource
+                 ) -> Iterator[Any]:
+        yield from delivery.stream(context, config, sink.name, upstream, own_jobs)
 
     return _deliver
-
-
-def shown(figures: dict[str, Any]) -> dict[str, Any]:
-    """Metadata as the UI shows it: no empty values (Dagster would print `null`)."""
-    return {k: v for k, v in figures.items() if v is not None and v != ""}
-
-
-def parked_line(sink: str, figures: dict[str, Any]) -> str:
-    return (f"sink {sink}: {figures.get('parked')} message(s) parked, the oldest for "
-            f"{figures.get('oldest_parked_seconds') or 0.0:.0f} s (the errors: the no_stale_parked_messages "
-            f"check, or `cdc-pipeline failed list --sink {sink}`); retry or discard them with the jobs "
-            f"{failed_job_name('retry', sink)} / {failed_job_name('discard', sink)}")
-
-
-def _stopped(name: str, result: Any) -> str:
-    if isinstance(result, DeliveryStats):
-        return (f"delivery to {name} stopped on request: offset {position_lsn_text(result.offset)} committed, "
-                f"{result.delivered} messages delivered by this run")
-    return f"delivery to {name} stopped on request ({result})"
 
 
 def build_delivery_jobs(sink: SinkConfig, asset_def: AssetsDefinition) -> list[Any]:

@@ -19,7 +19,6 @@ from cdc_pipeline.core.positions import position_text
 from cdc_pipeline.defs.health import failed_job_name, failed_op_name
 from cdc_pipeline.defs.resources import CdcConfigResource
 from cdc_pipeline.defs.tags import NO_RUN_RETRIES
-from cdc_pipeline.defs.translator import CdcTranslator
 
 VERBS = {"retry": "made due for retry now", "discard": "discarded"}
 
@@ -58,7 +57,7 @@ def build_failed_job(sink: SinkConfig, action: str) -> JobDefinition:
     return _job
 
 
-def failed_definitions(pipeline: PipelineConfig, translator: CdcTranslator) -> Definitions:
+def failed_definitions(pipeline: PipelineConfig) -> Definitions:
     jobs = []
     for sink in pipeline.sinks:
         jobs += [build_failed_job(sink, action) for action in ("retry", "discard")]

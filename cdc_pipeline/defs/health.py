@@ -24,7 +24,7 @@ from cdc_pipeline.config import PipelineConfig, SinkConfig
 from cdc_pipeline.core.positions import Position, lsn_text, position_lsn_text
 from cdc_pipeline.delivery.backlog import problem as backlog_problem
 from cdc_pipeline.postgres import catalog, session
-from cdc_pipeline.state import relations
+from cdc_pipeline.state import relations, stats
 from cdc_pipeline.state.failed_messages import FailedMessages
 from cdc_pipeline.state.store import Store
 
@@ -62,9 +62,16 @@ def slot_figures(pipeline: PipelineConfig) -> dict[str, Any]:
 
 
 def log_head(pipeline: PipelineConfig, tables: list[str]) -> Position:
-    """The change log's last position among `tables` (the change log asset's data version)."""
+    """The change log's last position among `tables` (the change log asset's `log_head`)."""
     with session.connect(pipeline.state_dsn, autocommit=True) as conn:
         return Store(pipeline.state.schema_name).log_head(conn, tables)
+
+
+def log_rows(pipeline: PipelineConfig) -> int:
+    """The rows in the change log (its `dagster/row_count`): counted once per materialization, at most once
+    per drain.report_seconds; retention keeps the log bounded."""
+    with session.connect(pipeline.state_dsn, autocommit=True) as conn:
+        return int(stats.log_stats(conn, pipeline.state.schema_name)["messages"])
 
 
 def slot_check(pipeline: PipelineConfig, key: AssetKey, figures: dict[str, Any]) -> AssetCheckEvaluation:
@@ -98,13 +105,19 @@ def sink_figures(pipeline: PipelineConfig, sink: SinkConfig) -> dict[str, Any]:
             **({"last_schema_change": last} if last else {})}
 
 
+def keeps_up(pipeline: PipelineConfig, figures: dict[str, Any]) -> bool:
+    """Whether a sink keeps up with the change log: its oldest undelivered change is at most
+    delivery.max_lag_seconds old and its backlog can be delivered (what lag_below_max checks, and what
+    decides whether the UI reads the sink as synced: defs/versions.py)."""
+    return bool(figures["lag_seconds"] <= pipeline.delivery.max_lag_seconds and not figures.get("backlog_error"))
+
+
 def sink_checks(pipeline: PipelineConfig, key: AssetKey, figures: dict[str, Any], sink: str
                 ) -> list[AssetCheckEvaluation]:
     limit = pipeline.delivery.max_lag_seconds
     return [
         AssetCheckEvaluation(
-            asset_key=key, check_name=SINK_LAG_CHECK,
-            passed=figures["lag_seconds"] <= limit and not figures.get("backlog_error"),
+            asset_key=key, check_name=SINK_LAG_CHECK, passed=keeps_up(pipeline, figures),
             severity=AssetCheckSeverity.ERROR, description=figures.get("backlog_error"),
             metadata={"lag_seconds": figures["lag_seconds"], "lag_messages": figures["lag_messages"],
                       "max_lag_seconds": limit,

@@ -3,11 +3,8 @@
 live), but records only what means something:
 
 - a materialization at most once per `report_seconds`, and only when data moved (the log's head, a
-  sink's offset). A sink that keeps up records just after the change log recorded a version (waiting
-  for it up to another `report_seconds`), naming that version as its input, so the UI reads it as up to
-  date; a sink that is behind records every `report_seconds`, naming its own offset (it reads
-  "Unsynced", as its lag says). When the change log records nothing (a drain outside Dagster), a sink
-  records every `report_seconds`.
+  sink's offset); and a sink's at once when it caught up or fell behind (its lag crossed
+  `delivery.max_lag_seconds`), so that the UI's "Unsynced" follows within a read (defs/versions.py).
 - a check evaluation when the check's outcome (passed, severity, description) differs from the one last
   recorded, or when one of its figures moved materially: by at least the figure's step (a quarter of the
   check's limit but at least `EVENT_SECONDS`, for ages; one message, for the parked count) and by at least
@@ -29,7 +26,7 @@ from dagster import AssetCheckEvaluation
 from cdc_pipeline.core.positions import Position
 from cdc_pipeline.defs.health import PARKED_CHECK, SINK_LAG_CHECK, SLOT_LAG_CHECK
 from cdc_pipeline.defs.streaming import EVENT_SECONDS
-from cdc_pipeline.defs.versions import position_version, version_position
+from cdc_pipeline.defs.versions import position_version
 
 # Per check: its figures (metadata keys) and the step each must move by, as (limit key, fraction of the
 # limit; an age's step is at least EVENT_SECONDS, the resolution it is read at) or a fixed step.
@@ -89,47 +86,28 @@ class LogPace:
         self.head, self.at = head, now
 
 
-def covers(log_version: str | None, offset: Position, drained: bool) -> bool:
-    """Whether a sink at `offset` holds the change log's recorded version: its position is at or before the
-    offset, or nothing of the sink's is left in the log (`drained`, read after the version)."""
-    position = version_position(log_version)
-    return log_version is not None and (drained or (position is not None and position <= offset))
-
-
 @dataclass
 class SinkPace:
-    """A sink: a materialization when its offset moved, at most once per `every` seconds, aligned with
-    the change log's recorded versions when the sink keeps up with them (see the module's doc)."""
+    """A sink: a materialization when it caught up or fell behind, or the change log's version changed (at
+    once), else when its offset moved, at most once per `every` seconds. What it names as its change-log
+    input: the log's version while it keeps up, its own offset while it is behind (see defs/versions.py)."""
 
     every: float
     at: float
     offset: Position | None = None
-    log_input: str | None = None  # the change-log version the last materialization named
-    caught_up: bool = True  # the last one named the log's version (not its own offset)
+    named: str | None = None  # the change-log version the last one named (the sink's record before the run's)
 
-    def input_version(self, now: float, offset: Position, log_version: str | None, log_at: float | None,
-                      drained: bool) -> str | None:
-        """The change-log version to record a materialization against now, or None for no materialization.
-        `drained`: nothing of the sink's is left after its offset (it covers whatever the log recorded)."""
+    def input_version(self, now: float, offset: Position, log_version: str, keeps_up: bool) -> str | None:
+        """The change-log version to name in a materialization now, or None for no materialization."""
+        named = log_version if keeps_up else position_version(offset).value
+        if keeps_up != (self.named == log_version):
+            return named  # it caught up, fell behind, or the log's version is new to it: the UI follows now
         if offset == self.offset or now - self.at < self.every:
             return None
-        covered = covers(log_version, offset, drained)
-        log_age = None if log_at is None else now - log_at
-        reporting = log_age is not None and log_age < 2 * self.every  # the log records versions in Dagster
-        waited = now - self.at >= 2 * self.every
-        if covered:
-            # Record right after the log records a version, so that the two stay in phase: an older version
-            # would be superseded within seconds and leave the sink "Unsynced" until its next record.
-            fresh = log_version != self.log_input and log_age is not None and log_age <= self.every / 2
-            return log_version if fresh or waited or not reporting else None
-        if self.caught_up and reporting and not waited:
-            return None  # a moment behind the log's newest version: it catches up within seconds
-        return position_version(offset).value
+        return named
 
-    def recorded(self, offset: Position, log_input: str, log_version: str | None, now: float) -> None:
-        self.offset, self.at, self.log_input = offset, now, log_input
-        self.caught_up = log_input == log_version
-
+    def recorded(self, offset: Position, named: str, now: float) -> None:
+        self.offset, self.named, self.at = offset, named, now
 
 
 @dataclass

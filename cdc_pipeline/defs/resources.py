@@ -1,8 +1,11 @@
-"""Dagster resources: the pipeline config, the sinks, and the Spark session built from it."""
+"""Dagster resources: the pipeline config, the sinks, the Spark session built from it, and the two that
+run the work (defs/drain_run.py `DrainResource`, defs/delivery_run.py `DeliveryResource`), as
+dagster-dlt's `DagsterDltResource` runs a pipeline: the streaming assets' bodies are one line each."""
 
 from __future__ import annotations
 
 from dagster import ConfigurableResource, Definitions
+from pydantic import PrivateAttr
 from pyspark.sql import SparkSession
 
 from cdc_pipeline.config import PipelineConfig, load_config
@@ -12,14 +15,17 @@ from cdc_pipeline.sinks.base import Sink
 
 
 class CdcConfigResource(ConfigurableResource):
-    """Where the cdc.yaml is; loaded per use so a run sees the file as it is when it starts."""
+    """Where the cdc.yaml is; loaded once per run (or sensor tick, or check), as the file is then."""
 
     config_path: str
+    _loaded: PipelineConfig | None = PrivateAttr(default=None)
 
     def load(self) -> PipelineConfig:
-        config = load_config(self.config_path)
-        config.check_dsns()
-        return config
+        if self._loaded is None:  # Dagster builds the resource afresh for each run
+            config = load_config(self.config_path)
+            config.check_dsns()
+            self._loaded = config
+        return self._loaded
 
 
 class SinksResource(ConfigurableResource):
@@ -28,8 +34,9 @@ class SinksResource(ConfigurableResource):
 
     config_path: str
 
-    def build(self, sink_name: str) -> Sink:
-        return build_sink(load_config(self.config_path).sink(sink_name))
+    def build(self, sink_name: str, pipeline: PipelineConfig | None = None) -> Sink:
+        """`pipeline`: the config the caller loaded already (else the file is read)."""
+        return build_sink((pipeline or load_config(self.config_path)).sink(sink_name))
 
 
 class SparkResource(ConfigurableResource):
@@ -41,7 +48,11 @@ class SparkResource(ConfigurableResource):
 
     @property
     def spark_session(self) -> SparkSession:
-        return spark_session(load_config(self.config_path).spark)
+        return self.session()
+
+    def session(self, pipeline: PipelineConfig | None = None) -> SparkSession:
+        """`pipeline`: the config the caller loaded already (else the file is read)."""
+        return spark_session((pipeline or load_config(self.config_path)).spark)
 
 
 def pyspark_resource(config: PipelineConfig) -> SparkResource:
@@ -51,8 +62,13 @@ def pyspark_resource(config: PipelineConfig) -> SparkResource:
 
 
 def resource_definitions(config: PipelineConfig) -> Definitions:
-    """`cdc` (the config), `pyspark` (the Spark session) and `sinks`: what every area's assets and ops use."""
+    """`cdc` (the config), `pyspark` (the Spark session) and `sinks`: what every area's assets and ops use;
+    `drain` and `delivery`, built on them, run the streaming assets."""
+    from cdc_pipeline.defs.delivery_run import DeliveryResource  # they are built on this module's resources
+    from cdc_pipeline.defs.drain_run import DrainResource
+
     assert config.path is not None, "the Dagster code location loads its config from a file"
-    return Definitions(resources={"cdc": CdcConfigResource(config_path=config.path),
-                                  "pyspark": pyspark_resource(config),
-                                  "sinks": SinksResource(config_path=config.path)})
+    cdc, pyspark = CdcConfigResource(config_path=config.path), pyspark_resource(config)
+    sinks = SinksResource(config_path=config.path)
+    return Definitions(resources={"cdc": cdc, "pyspark": pyspark, "sinks": sinks, "drain": DrainResource(cdc=cdc),
+                                  "delivery": DeliveryResource(cdc=cdc, pyspark=pyspark, sinks=sinks)})

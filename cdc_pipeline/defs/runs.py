@@ -15,7 +15,7 @@ from typing import Any
 
 from dagster import DagsterRunStatus, RunRequest, RunsFilter, SensorEvaluationContext
 
-from cdc_pipeline.defs.tags import AFTER_TAG, SENSOR_NAME_TAG
+from cdc_pipeline.defs.tags import AFTER_TAG, HANDOVER_TAG, SENSOR_NAME_TAG
 
 ACTIVE = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
           DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
@@ -51,7 +51,7 @@ def next_run(context: SensorEvaluationContext, job_name: str, tags: dict[str, st
     if len(active) > 1 or run.status != DagsterRunStatus.STARTED or active[0].start_time is None:
         return f"{job_name} run {run.run_id} is active"
     left = active[0].start_time + run_seconds - time.time()
-    if left > HANDOVER_SECONDS or run.tags.get(SENSOR_NAME_TAG) is None:
+    if (left > HANDOVER_SECONDS and HANDOVER_TAG not in run.tags) or run.tags.get(SENSOR_NAME_TAG) is None:
         return f"{job_name} run {run.run_id} is streaming ({max(0.0, left):.0f} s left)"
     return RunRequest(job_name=job_name, tags={**tags, AFTER_TAG: run.run_id})
 

@@ -10,6 +10,7 @@ KIND_TAG = "cdc_pipeline/kind"  # what a run (or asset) does: one of the kinds b
 SINK_TAG = "cdc_pipeline/sink"  # a delivery run's sink (or lane, `S#I/N`): at most two runs each (a handover)
 BACKFILL_ID_TAG = "cdc_pipeline/backfill_id"  # a backfill run: the pipeline's id of the backfill it runs (bf_...)
 AFTER_TAG = "cdc_pipeline/after"  # a successor run: the id of the run it takes over from
+HANDOVER_TAG = "cdc_pipeline/handover"  # a streaming run asks its sensor for a successor now (why: the value)
 
 DRAIN = "drain"
 DELIVERY = "delivery"

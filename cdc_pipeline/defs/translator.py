@@ -28,6 +28,10 @@ from cdc_pipeline.defs.asset_data import (
 from cdc_pipeline.defs.tags import API_SYNC_TAGS, BACKFILL_TAGS, DELIVERY_TAGS, DRAIN_TAGS, TABLE_NAME
 from cdc_pipeline.sinks import sink_class
 
+# A snapshot asset's `backfill` metadata: what its "Never materialized" / "Missing (N)" means.
+SNAPSHOT_ON_DEMAND = ("on demand: the table's changes stream through cdc/change_log; a materialization is a "
+                      "backfill someone asked for, and a missing one is no work left to do")
+
 
 class CdcTranslator:
     def get_asset_spec(self, data: AssetData) -> AssetSpec:
@@ -64,6 +68,7 @@ class CdcTranslator:
         )
 
     def _snapshot(self, data: SnapshotData) -> AssetSpec:
+        # "Never materialized" / "Missing (N)" on this asset means no backfill was asked (see the description).
         table = data.table
         what = (f"windows of {table.sort_column} ({table.partitions.kind} partitions)" if table.partitions
                 else "the whole table, by primary key")
@@ -71,8 +76,13 @@ class CdcTranslator:
             AssetKey(["cdc", "snapshot", table.schema_name, f"{table.table_name}_snapshot"]),
             deps=[self.get_asset_spec(SourceTableData(data.pipeline, table.qualified)).key],
             group_name="cdc", kinds={"postgres"}, tags=BACKFILL_TAGS,
-            description=f"Backfills {table.qualified} to its sinks as read messages: {what}. Runs alongside the "
-                        "drain without stale reads; resumes from its checkpoint after a failure.",
+            description=f"On demand: a backfill of {table.qualified} to its sinks as read messages ({what}). "
+                        "The table's changes reach the sinks through the change log without it, so "
+                        + ("a missing partition is a day nobody asked to read again" if table.partitions else
+                           "'Never materialized' means nobody asked to read it again")
+                        + ", not work left to do. Runs alongside the drain without stale reads; resumes from "
+                        "its checkpoint after a failure.",
+            metadata={"backfill": SNAPSHOT_ON_DEMAND},
         )
 
     def _sink(self, data: SinkData) -> AssetSpec:

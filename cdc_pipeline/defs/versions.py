@@ -1,14 +1,22 @@
-"""Data versions that mean something: `cdc/change_log`'s is the log's head position, a sink's its offset
-(both 'X/Y:idx': the commit LSN in PostgreSQL's notation and the index within the commit, as all the UI's
-metadata shows positions), so a caught-up sink's version equals the log's.
+"""Data versions that make Dagster's "Unsynced" say what a sink's lag says.
+
+`cdc/change_log` is a stream: its data version names the stream (`STREAM_VERSION`), not a point in it
+(the point is its `log_head` metadata). A sink's data version is its offset ('X/Y:idx': the commit LSN in
+PostgreSQL's notation and the index within the commit, as all the UI's metadata shows positions).
+
+Dagster calls an asset "Unsynced" when an upstream asset's current data version differs from the one
+its latest materialization names as its input. Two runs record these (the drain run the log's, a delivery
+run its sink's), so if the log's version were its head, each log materialization would leave every sink
+"Unsynced" until the sink's own next one named it: seconds to a minute per minute, however well the sink
+keeps up. With the log's version fixed, what a sink names decides alone: the log's version while the sink
+keeps up (its lag within `delivery.max_lag_seconds`, what `lag_below_max` checks), its own offset while it
+is behind (a version the log never has: "Unsynced"). A delivery run records a materialization as soon as
+that changes (defs/pacing.py).
 
 A streaming run records its materializations itself (AssetMaterialization events while it runs), and
-Dagster adds no provenance to those: without it the UI would judge staleness by timestamps and call a
-sink "Unsynced" whenever the log was materialized after it. So each materialization carries the
-provenance tags Dagster writes for a MaterializeResult (`dagster/data_version`, `dagster/code_version`,
-and per upstream asset the version and event it was computed from). A sink names as its change-log
-input the log's latest recorded version when the sink has delivered up to it, and otherwise its own
-offset (a version the log no longer has: the sink reads "Unsynced", as its lag says).
+Dagster adds no provenance to those: without it the UI would judge staleness by timestamps. So each
+carries the provenance tags Dagster writes for a MaterializeResult (`dagster/data_version`,
+`dagster/code_version`, and per upstream asset the version and event it was computed from).
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ INPUT_VERSION_PREFIX = "dagster/input_data_version/"
 INPUT_POINTER_PREFIX = "dagster/input_event_pointer/"
 NULL_POINTER = "NULL"
 DEFAULT_VERSION = "INITIAL"  # what Dagster assumes of an upstream asset with no recorded version
+STREAM_VERSION = DataVersion("stream")  # the change log's (see above)
 
 
 def position_version(position: Position) -> DataVersion:
@@ -50,14 +59,16 @@ class Recorded:
     timestamp: float | None = None
 
 
-def latest(instance: DagsterInstance, key: AssetKey) -> Recorded:
+def latest(instance: DagsterInstance, key: AssetKey, input_key: AssetKey | None = None) -> Recorded:
+    """`key`'s latest materialization; with `input_key`, the version of it that one named as its input."""
     records = instance.fetch_materializations(key, limit=1).records
     if not records:
         return Recorded()
     record = records[0]
     materialization = record.asset_materialization
     tags = (materialization.tags or {}) if materialization is not None else {}
-    return Recorded(tags.get(DATA_VERSION_TAG), record.storage_id, record.timestamp)
+    version = tags.get(INPUT_VERSION_PREFIX + input_key.to_user_string()) if input_key else tags.get(DATA_VERSION_TAG)
+    return Recorded(version, record.storage_id, record.timestamp)
 
 
 def provenance_tags(version: DataVersion, code_version: str,

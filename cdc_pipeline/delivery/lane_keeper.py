@@ -47,6 +47,8 @@ def send_lock(name: str) -> str:
 
 
 class LaneKeeper:
+    locks = True  # takes the lane's locks (a dry run takes none: dry_run.py)
+
     def __init__(self, sink: str, lane: int, lanes: int, store: Store, stop: threading.Event) -> None:
         if not 0 <= lane < lanes:
             raise ValueError(f"sink {sink!r} has {lanes} lane(s): --lane must be 0 to {lanes - 1}, not {lane}")
@@ -65,7 +67,7 @@ class LaneKeeper:
     def send_lock(self) -> str:
         return send_lock(self.name)
 
-    def join(self, conn: psycopg.Connection, sink: Sink | None, first: bool) -> None:
+    def join(self, conn: psycopg.Connection, sink: Sink, first: bool) -> None:
         """Take this lane's lock in the sink's current split, changing the split to ``lanes`` first if it
         differs (its old lanes are asked to stop, and waited for). Commits."""
         while True:
@@ -82,8 +84,8 @@ class LaneKeeper:
             conn.commit()
             if self._current(split):  # not changed between the two looks
                 self.split, self.generation = split, generation
-                if sink is not None:
-                    sink.bind_lane(position_key(self.sink, self.lane, self.lanes, generation))
+                # Where the sink records its own position from now on (sinks/base.py SinkContext).
+                sink.context.position_key = position_key(self.sink, self.lane, self.lanes, generation)
                 return
             session.unlock(conn, deliver_lock(self.name))
             conn.commit()
@@ -93,7 +95,7 @@ class LaneKeeper:
         lane hash of this version; a split of an older version's hash is re-split like a change of N."""
         return split.lanes == self.lanes and (self.lanes == 1 or split.hashing == LANE_HASH)
 
-    def _settle(self, conn: psycopg.Connection, sink: Sink | None) -> None:
+    def _settle(self, conn: psycopg.Connection, sink: Sink) -> None:
         waited = False
         while True:
             split, generation, _ = self.splits.split(conn, self.sink)
@@ -126,16 +128,15 @@ class LaneKeeper:
                 waited = True
             self.stop.wait(SPLIT_WAIT_SECONDS)
 
-    def _change(self, conn: psycopg.Connection, sink: Sink | None, old: Split, generation: int) -> None:
+    def _change(self, conn: psycopg.Connection, sink: Sink, old: Split, generation: int) -> None:
         again, gen_now, _ = self.splits.split(conn, self.sink)
         if again != old or gen_now != generation:
             return  # changed by another process meanwhile: look again
         offsets: list[Position] = []
         for j in range(old.lanes):
             offset = self.store.sink_offset(conn, self.sink, j)
-            if sink is not None:  # what the destination committed itself may be further
-                sink.bind_lane(position_key(self.sink, j, old.lanes, generation))
-                held = sink.position()
+            if sink.own_position is not None:  # what the destination committed itself may be further
+                held = sink.own_position.read(position_key(self.sink, j, old.lanes, generation))
                 offset = max(offset, held) if held is not None else offset
             offsets.append(offset)
         self.splits.change(conn, self.sink, old, generation, offsets, self.lanes)

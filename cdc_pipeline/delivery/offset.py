@@ -6,12 +6,14 @@ reads and whatever sends next settle the same way."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from datetime import datetime
 
 import psycopg
 
 from cdc_pipeline.delivery.stats import DeliveryStats
 from cdc_pipeline.postgres import session
+from cdc_pipeline.sinks.base import OwnPosition
 from cdc_pipeline.state.store import Position, Store
 
 log = logging.getLogger("cdc_pipeline.delivery.engine")
@@ -24,6 +26,18 @@ class OffsetKeeper:
         self.sink = sink
         self.lane = lane
         self.waiting = False  # a wait for the destination is recorded in the state database
+
+    def start(self, conn: psycopg.Connection, tables: Sequence[str], own: OwnPosition | None, key: str) -> Position:
+        """A session's offset: the recorded one, or the position the destination committed itself (its sink's
+        ``own`` record, under ``key``) when it is further (the sink committed before we did: recorded now). Commits."""
+        offset = self.store.sink_offset(conn, self.sink, self.lane)
+        held = own.read(key) if own is not None else None
+        if held is not None and held > offset:
+            done = self.store.count_after(conn, tables, offset, sink=self.sink, upto=held)
+            self.store.advance_offset(conn, self.sink, held, done, 0, 0, None, self.lane)
+            offset = held
+        conn.commit()
+        return offset
 
     def settle(self, conn: psycopg.Connection, stats: DeliveryStats, last: Position, delivered: int,
                filtered: int, parked: int, last_ts: datetime | None, read: int = 0) -> Position:

@@ -1,7 +1,7 @@
 """Relaying runs of typed reads to a sink that writes them as they are: the Deliverer's relay.
 
 A run of typed reads at the head of the sink's log (state/typed_log.py) is streamed from the state
-database's COPY into the sink's (``deliver_typed_run``) and the offset advanced past it, with no message per
+database's COPY into the sink's (its ``typed_runs``) and the offset advanced past it, with no message per
 row. It is not relayed while one of the sink's groups has a parked message, and a run the sink rejects is
 applied by no one: the caller then sends the run message by message, which holds or parks what it must
 (schedule/order.py).
@@ -42,9 +42,11 @@ class Relay:
         name = self.sink_config.name
         if self.sink_config.message_grouping and self.store.parked_groups(conn, name, self.lane):
             return False
-        self.sink.hold_position_below(None)  # nothing of the run is parked
+        typed_runs = self.sink.typed_runs
+        assert typed_runs is not None  # asked only of a sink that takes typed rows (reader.py)
+        self.sink.context.ceiling = None  # nothing of the run is parked
         with self.store.relay_rows(source, self.sink_config.tables, after, run, name) as blocks:
-            error = self.sink.deliver_typed_run(run, blocks)
+            error = typed_runs(run, blocks)
         source.commit()
         if error is not None:
             log.info("sink %s: a run of %d typed reads was rejected (%s); delivering it message by message",

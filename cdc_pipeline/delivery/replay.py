@@ -102,7 +102,7 @@ def replay(config: PipelineConfig, sink_name: str, start: datetime, end: datetim
                 f"{trimmed.isoformat()}; the oldest replayable time is {oldest.isoformat()}")
         conn.commit()
         target = deliverer.sink
-        assert target is not None
+        deliverer.context.state = conn  # http_pull queues in its transaction; source tables described on it
         target.open()
         try:
             # Live delivery of the sink sends nothing until the replay is done (delivery/turn.py), so
@@ -117,11 +117,10 @@ def replay(config: PipelineConfig, sink_name: str, start: datetime, end: datetim
             # A mirror holds one version per row: replaying the window alone would leave the rows changed
             # after it older than the offset, so it is replayed from the window's start up to the offset.
             through = end if not target.holds_rows else None
-            target.prepare(lambda t: store.table_info(conn, t))
-            target.bind_state(conn, config.state.schema_name)
             for lane in range(lanes):
-                target.bind_lane(position_key(sink_name, lane, lanes, generation))
-                upto = max(store.sink_offset(conn, sink_name, lane), target.position() or START)
+                key = deliverer.context.position_key = position_key(sink_name, lane, lanes, generation)
+                own = target.own_position.read(key) if target.own_position else None
+                upto = max(store.sink_offset(conn, sink_name, lane), own or START)
                 conn.commit()
                 log.info("replaying %s changes committed in [%s, %s) to sink %s (up to its offset %s:%s)",
                          ",".join(tables), start, through or "now", lane_name(sink_name, lane, lanes), *upto)

@@ -27,9 +27,12 @@ Contract (what the delivery engine relies on):
   message sent failed that way as an outage of the destination (not counted against any message),
   and counts such an error against a message only once the destination has accepted other messages.
 * Errors never contain secrets: no header values, no passwords or tokens from URLs.
-* A sink whose class says `takes_typed_rows` implements `deliver_typed_run(run, blocks)` for a run of the
-  log made only of typed reads, relayed as COPY text blocks (state/typed_log.py; no message per row): all
-  of it applied (None) or none of it (an error; the engine then hands the run over message by message).
+* A sink whose class says `takes_typed_rows` sets `typed_runs`, which takes a run of the log made only of
+  typed reads, relayed as COPY text blocks (state/typed_log.py; no message per row): all of it applied
+  (None) or none of it (an error; the engine then hands the run over message by message).
+* What a sink needs of the delivery that runs it (the state connection, Spark, source tables' shapes, where
+  it records its own position) is its `context` (`SinkContext`), handed when it is built and kept current
+  by that delivery: a sink has no hooks to be bound through.
 
 Capabilities: what the engine, `status`, `check` and Dagster ask of a sink type, never its type name. They
 are class methods given the sink's config, so a place that builds no client (a backfill, `status`,
@@ -119,7 +122,7 @@ class Limits(NamedTuple):
     # Messages per call (a request, a transaction, a run of publishes); None: `delivery.batch_size`.
     batch_size: int | None = None
     # Calls out at once, across micro-batches (delivery/schedule/). More than 1 only for a sink whose calls
-    # are requests on its own event loop (sinks/request_sink.py).
+    # are requests on its own event loop (sinks/request_sink.py), which has no `own_position`.
     max_in_flight: int = 1
     # A call keeps order within each group (it sends one after another, or stops at a failure). False: it
     # pipelines (sends before earlier messages are acknowledged), so it is handed at most one message per
@@ -127,13 +130,64 @@ class Limits(NamedTuple):
     ordered: bool = True
 
 
+@dataclass(eq=False)
+class SinkContext:
+    """What the delivery that runs a sink gives it: handed when the sink is built (`sinks.build_sink`), its
+    session's fields kept current by that delivery. A sink reads what its destination needs, when it needs it."""
+
+    name: str  # the sink's
+    schema: str = "cdc_pipeline"  # the state database's schema
+    state_dsn: str | None = None  # the state database (an Iceberg SQL catalog's default home)
+    spark: Any = None  # the deliverer's Spark session, started on first use (delivery/lazy_spark.py)
+    state: psycopg.Connection | None = None  # the session's state connection, whose transaction commits the offset
+    describe: Callable[[str], Any] = lambda table: None  # a source table's shape: 'schema.table' -> TableInfo
+    # Where a sink that records its own position (`own_position`) records it: the sink's name, or its lane's in
+    # the current split of lanes (core/lanes.py `position_key`); the lane keeper moves it when the split changes.
+    position_key: str = ""
+    # The earliest message of the call in progress that the engine parks (held back behind its group, failed at
+    # the destination or by the transform): it is recorded only in the engine's later commit, so a sink that
+    # records its own position must not record one at or past it (schedule/dispatch.py sets it before each call).
+    ceiling: tuple[int, int] | None = None
+
+    def __post_init__(self) -> None:
+        self.position_key = self.position_key or self.name
+
+
+class OwnPosition(Protocol):
+    """A destination's own record of how far the sink applied the log, committed with the writes."""
+
+    def read(self, key: str) -> tuple[int, int] | None:
+        """The position recorded under ``key`` (`SinkContext.position_key`), if any."""
+        ...
+
+
+TypedRuns = Callable[["TypedRun", Iterable[bytes]], "str | None"]  # a run of typed reads: None (applied) or why not
+
+
 class Sink(abc.ABC):
     name: str
     # Holds the latest version of each row (a mirror), not a history: a replay continues past its window
     # up to the sink's offset, so the destination ends where its offset says (delivery/replay.py).
     holds_rows: bool = False
+    # Capabilities of a built sink, None where it lacks them (the engine asks, never a type name): its own record
+    # of its position (read when a session starts, when lanes change, by a replay); runs of typed reads taken
+    # whole (delivery/relay.py), for a sink whose class `takes_typed_rows`.
+    own_position: OwnPosition | None = None
+    typed_runs: TypedRuns | None = None
+    _context: SinkContext | None = None
 
-    # open/close/prepare are optional hooks (empty on purpose): a sink overrides only what it needs.
+    @property
+    def context(self) -> SinkContext:
+        """What its delivery gives it (`SinkContext`); a default one until a delivery hands its own."""
+        if self._context is None:
+            self._context = SinkContext(self.name)
+        return self._context
+
+    @context.setter
+    def context(self, context: SinkContext) -> None:
+        self._context = context
+
+    # open/close are optional (empty on purpose): a sink overrides only what it needs.
     def open(self) -> None:  # noqa: B027
         """Connect; called once per delivery run. May raise SinkUnavailable."""
 
@@ -146,38 +200,9 @@ class Sink(abc.ABC):
     def close(self) -> None:  # noqa: B027
         """Release connections."""
 
-    def prepare(self, describe: Callable[[str], Any]) -> None:  # noqa: B027
-        """Receive a lookup of source table shapes ('schema.table' -> TableInfo); for sinks that need it."""
-
-    def position(self) -> tuple[int, int] | None:
-        """The last position the destination itself committed, for sinks that commit it atomically."""
-        return None
-
     def limits(self) -> Limits:
         """What it takes at once (`Limits`); the defaults: one ordered call at a time."""
         return Limits()
-
-    def bind_lane(self, key: str) -> None:  # noqa: B027
-        """The key this deliverer's own position is recorded under (core/lanes.py `position_key`: the sink's
-        name without lanes); for sinks that commit a `position()` of their own. Called after `open`, again
-        when the split of the sink's lanes changes."""
-
-    def hold_position_below(self, position: tuple[int, int] | None) -> None:  # noqa: B027
-        """The earliest message of the batch in progress that the engine parks (held back behind its
-        group, failed at the destination or by the transform): it is recorded only in the engine's later
-        commit, so a sink that commits its own `position()` must not record one at or past it."""
-
-    def bind_state(self, conn: psycopg.Connection, schema: str) -> None:  # noqa: B027
-        """Receive the engine's state connection, whose transaction commits the offset (http_pull queues
-        its messages in it); called after `open`."""
-
-    def bind_spark(self, spark: Any) -> None:  # noqa: B027
-        """Receive the deliverer's Spark session (started lazily, on first use: delivery/lazy_spark.py), for a
-        sink that writes through Spark (parquet); called after `open`."""
-
-    def deliver_typed_run(self, run: TypedRun, blocks: Iterable[bytes]) -> str | None:
-        """A run of typed reads, all applied (None) or none (an error); only for `takes_typed_rows`."""
-        raise NotImplementedError(f"{type(self).__name__} does not take typed rows")
 
     # -- capabilities (see the module doc) ----------------------------------------------------------------
     @classmethod
@@ -199,7 +224,8 @@ class Sink(abc.ABC):
 
     @classmethod
     def takes_typed_rows(cls, sink_config: SinkConfigLike) -> bool:
-        """Backfill reads may reach it typed (`TypedRow`, no record) and in runs (`deliver_typed_run`)."""
+        """Its destination writes typed reads as they are (`TypedRow`, no record; runs through `typed_runs`).
+        Whether they reach it so is `sinks.takes_typed`: its messages must need no record too."""
         return False
 
     @classmethod

@@ -56,3 +56,22 @@ class PageStore(SchemaStore):
             conn.execute(sql.SQL("DELETE FROM {}.backfill_rows WHERE backfill_id = %s AND page_no > %s "
                                  "AND page_no <= %s").format(self.s), (bid, after_page, done))
         return max(done, after_page)
+
+    def first_lost(self, conn: psycopg.Connection, bid: str) -> int | None:
+        """The first staged page whose rows are gone from the (unlogged) staging table, which a crash of the
+        state database empties: None when every staged page still has its rows."""
+        row = conn.execute(sql.SQL(
+            "SELECT min(p.page_no) FROM {s}.backfill_pages p WHERE p.backfill_id = %s AND p.status = 'staged' "
+            "AND p.rows > 0 AND NOT EXISTS (SELECT 1 FROM {s}.backfill_rows r WHERE r.backfill_id = p.backfill_id "
+            "AND r.page_no = p.page_no)").format(s=self.s), (bid,)).fetchone()
+        return None if row is None or row[0] is None else int(row[0])
+
+    def discard_from(self, conn: psycopg.Connection, bid: str, page_no: int) -> None:
+        """Forget the staged pages from ``page_no`` on (to be read again, under the same numbers). Their row locks
+        wait for a drain reconciling one of them; their low watermarks stay (the first one seen wins: a
+        wider window drops more reads, never lets a stale one through)."""
+        with conn.transaction():
+            conn.execute(sql.SQL("DELETE FROM {}.backfill_pages WHERE backfill_id = %s AND page_no >= %s "
+                                 "AND status = 'staged'").format(self.s), (bid, page_no))
+            conn.execute(sql.SQL("DELETE FROM {}.backfill_rows WHERE backfill_id = %s AND page_no >= %s")
+                         .format(self.s), (bid, page_no))

@@ -30,6 +30,9 @@ class StagedPage:
     last: bool
     status: str  # the backfill's
     low: Position | None  # the page's low watermark, when the drain saw it
+    # Whether its rows are in the (unlogged) staging table, which a crash empties, and every earlier page of
+    # the backfill is reconciled (pages are reconciled in order: a later one would checkpoint past a lost one).
+    in_order: bool = True
 
 
 class ReconcileStore(SchemaStore):
@@ -51,18 +54,22 @@ class ReconcileStore(SchemaStore):
         return PageShape(row[0], row[1], tuple(row[2])) if row else None
 
     def staged_page(self, conn: psycopg.Connection, backfill_id: str, page: int) -> StagedPage | None:
-        """The page while it waits for its high watermark (None: reconciled already, or unknown)."""
+        """The page while it waits for its high watermark (None: reconciled already, or unknown), locked until
+        the end of the transaction: a runner that finds its rows gone and reads it again waits for this one."""
         row = execute(conn, sql.SQL(
-            "SELECT p.snapshot, p.read_at, p.rows, p.cursor, p.last, b.status, w.commit_lsn, w.commit_idx "
+            "SELECT p.snapshot, p.read_at, p.rows, p.cursor, p.last, b.status, w.commit_lsn, w.commit_idx, "
+            "(p.rows = 0 OR EXISTS (SELECT 1 FROM {s}.backfill_rows r WHERE r.backfill_id = p.backfill_id "
+            "AND r.page_no = p.page_no)) AND NOT EXISTS (SELECT 1 FROM {s}.backfill_pages e "
+            "WHERE e.backfill_id = p.backfill_id AND e.page_no < p.page_no AND e.status = 'staged') "
             "FROM {s}.backfill_pages p JOIN {s}.backfills b ON b.id = p.backfill_id "
             "LEFT JOIN {s}.backfill_low_watermarks w ON w.backfill_id = p.backfill_id AND w.page_no = p.page_no "
-            "WHERE p.backfill_id = %s AND p.page_no = %s AND p.status = 'staged'").format(s=self.s),
+            "WHERE p.backfill_id = %s AND p.page_no = %s AND p.status = 'staged' FOR UPDATE OF p").format(s=self.s),
             (backfill_id, page)).fetchone()
         if row is None:
             return None
-        snap_text, read_at, rows, cursor, last, status, low_lsn, low_idx = row
+        snap_text, read_at, rows, cursor, last, status, low_lsn, low_idx, in_order = row
         low = None if low_lsn is None else (int(low_lsn), int(low_idx))
-        return StagedPage(snap_text, read_at, int(rows), cursor, bool(last), status, low)
+        return StagedPage(snap_text, read_at, int(rows), cursor, bool(last), status, low, bool(in_order))
 
     def checkpoint(self, conn: psycopg.Connection, backfill_id: str, page: int, staged: StagedPage,
                    dropped: int, high: Position) -> None:

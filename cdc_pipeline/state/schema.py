@@ -259,6 +259,12 @@ MIGRATIONS: list[str] = [
         ADD COLUMN IF NOT EXISTS prior_hashing jsonb NOT NULL DEFAULT '[]';
     ALTER TABLE {s}.sink_offsets ADD COLUMN IF NOT EXISTS rows_read bigint NOT NULL DEFAULT 0;
     """,
+    # 14: staged backfill rows are unlogged: staging writes no WAL, so the walsender never decodes it either. A
+    # crash of the state database empties the table; a page whose rows are gone is never reconciled (the drain
+    # checks) and the backfill reads it again when it runs next (backfill/engine.py).
+    """
+    ALTER TABLE {s}.backfill_rows SET UNLOGGED;
+    """,
 ]
 
 

@@ -21,7 +21,7 @@ from cdc_pipeline.defs.capture import DRAIN_JOB
 from cdc_pipeline.defs.health import PARKED_CHECK, SINK_LAG_CHECK, SLOT_LAG_CHECK
 from cdc_pipeline.defs.streaming import EVENT_SECONDS
 from cdc_pipeline.defs.tags import AFTER_TAG, SINK_TAG
-from cdc_pipeline.defs.versions import latest
+from cdc_pipeline.defs.versions import STREAM_VERSION
 from cdc_pipeline.delivery.spark_stage import spark_session
 from cdc_pipeline.state.store import Store
 from cdc_pipeline_tests.helpers import assert_mirrored, deliver, drain, mirror_config, wait_until
@@ -96,8 +96,9 @@ def test_long_lived_drain_and_delivery_runs(source_db, db_factory, write_config,
     """Through a translator that renames and regroups every asset: the runs materialize and check the
     renamed assets (and the sink's run its own, renamed, upstream is the renamed change log). Under a
     steady load the runs record a materialization at most once per report_seconds and check evaluations
-    only when they change; data versions are the log's head and the sink's offset, so a caught-up sink
-    is up to date in Dagster's eyes; a blocked sink turns lag_below_max red within max_lag_seconds + 30 s."""
+    only when they change; the sink's data version is its offset, and it reads synced while it keeps up
+    and "Unsynced" once blocked longer than max_lag_seconds; a blocked sink turns lag_below_max red within
+    max_lag_seconds + 30 s."""
     from cdc_pipeline.defs import build_definitions
     from cdc_pipeline_tests.e2e.test_dagster_dev import Load
     from cdc_pipeline_tests.unit.test_dagster_translator import RenamingTranslator, acme
@@ -130,10 +131,12 @@ def test_long_lived_drain_and_delivery_runs(source_db, db_factory, write_config,
         assert all(gap >= REPORT_SECONDS - 1 for gap in gaps), gaps  # stamped when stored: a little jitter
         final = mats[-1].asset_materialization
         assert final.metadata["drained_changes"].value == 716 + load.next_id - 1001
-        assert final.tags["dagster/data_version"] == final.metadata["log_head"].value == _head(config)
+        assert final.metadata["log_head"].value == _head(config)
+        assert final.tags["dagster/data_version"] == STREAM_VERSION.value  # a stream, not a point in it
+        assert final.metadata["dagster/row_count"].value == 716 + load.next_id - 1001  # the log's rows
         # The slot check passed throughout: recorded once when first read, once at the end.
         assert [c.dagster_event.asset_check_evaluation_data.passed for c in checks] == [True, True]
-        assert latest(instance, log).version == _head(config) and _stale(instance, defs, log) == StaleStatus.FRESH
+        assert _stale(instance, defs, log) == StaleStatus.FRESH
 
         # A delivery run streams while the log grows (a CLI drain beside it, 100 rows/s); its sink is
         # blocked for a while (its table locked), then released.
@@ -148,7 +151,10 @@ def test_long_lived_drain_and_delivery_runs(source_db, db_factory, write_config,
             with psycopg.connect(dest.dsn) as conn:
                 conn.execute("LOCK TABLE mirror.orders IN ACCESS EXCLUSIVE MODE")
                 blocked.update(at=time.time(), load=Load(source_db.dsn, rate=100, seconds=18, first_id=100_000))
-                threading.Event().wait(3 + 2 * EVENT_SECONDS)  # the stall: longer than max_lag_seconds
+                wait_until(lambda: _stale(instance, defs, sink) == StaleStatus.STALE, 3 + 3 * EVENT_SECONDS,
+                           "the blocked sink to read Unsynced")  # behind by more than max_lag_seconds
+                blocked["stale_after"] = time.time() - blocked["at"]
+                threading.Event().wait(max(0.0, blocked["at"] + 3 + 2 * EVENT_SECONDS - time.time()))
             blocked["load"].join()
 
         blocker = threading.Thread(target=block_the_sink, daemon=True)
@@ -162,7 +168,7 @@ def test_long_lived_drain_and_delivery_runs(source_db, db_factory, write_config,
         assert run.success and load.error is None
         mats, checks = _events(instance, run.run_id)
         assert {m.dagster_event.asset_key for m in mats} == {sink}
-        assert 2 <= len(mats) <= 30 / REPORT_SECONDS + 2, len(mats)
+        assert 2 <= len(mats) <= 30 / REPORT_SECONDS + 4, len(mats)  # + falling behind, catching up
         final = mats[-1].asset_materialization
         assert final.metadata["messages_delivered"].value > 716
         with psycopg.connect(config.state_dsn) as conn:
@@ -179,8 +185,9 @@ def test_long_lived_drain_and_delivery_runs(source_db, db_factory, write_config,
         assert len(lag) <= 7, lag  # not one per read (every 5 s over 30 s), and growth only at steps
         parked = [c for c in checks if c.dagster_event.asset_check_evaluation_data.check_name == PARKED_CHECK]
         assert len(parked) == 2 and all(c.dagster_event.asset_check_evaluation_data.passed for c in parked)
-        # The sink names the log's latest version as its input once it has delivered it: not stale.
+        # Caught up again, the sink names the log's version as its input: synced.
         assert _stale(instance, defs, sink) == StaleStatus.FRESH
+        assert final.metadata["dagster/row_count"].value == final.metadata["delivered_total"].value
     drain(config)  # whatever the run left: the mirror ends exact
     deliver(config, spark_session(config.spark))
     total = source_db.execute("SELECT count(*) FROM orders")[0][0]

@@ -9,6 +9,7 @@ message's ID in the run config; the caught-up sink reads as synced. One `dagster
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 import urllib.error
 import uuid
@@ -71,7 +72,8 @@ def ui(pg_admin_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
                              backoff={"initial_ms": 900000, "max_ms": 900000, "jitter": 0})  # retried by the job, not on its own
         # Materializations every 5 s, not 60: the sink's state (synced, metadata) is read within the test.
         data["drain"]["report_seconds"] = 5
-        data["delivery"] = {"report_seconds": 5}
+        # max_lag_seconds 6: a sink blocked that long reads "Unsynced" within the test.
+        data["delivery"] = {"report_seconds": 5, "max_lag_seconds": 6}
         (tmp_path / "cdc.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
         from cdc_pipeline.config import load_config
 
@@ -240,11 +242,96 @@ def test_parked_messages_retried_from_the_launchpad_and_the_api(ui: Ui, page: An
                120, "both retried messages delivered")
     wait_until(lambda: not _parked_rows(ui), 60, "the check's table emptied")
     wait_until(lambda: ui.instance.fetch_materializations(SINK, limit=1).records, 60, "the sink's materialization")
-    # Caught up, the sink reads synced: right after the change log records a version it is "Unsynced" until
-    # its own next record names it (within delivery.report_seconds, here 5 s).
-    wait_until(lambda: _gql(ui, STALE, {"k": [{"path": SINK.path}]})["assetNodes"][0]["staleStatus"] == "FRESH",
-               30, "the caught-up sink to read synced")
+    wait_until(lambda: _stale_status(ui) == "FRESH", 30, "the caught-up sink to read synced")
     sink = _latest_metadata(ui, SINK)  # positions in PostgreSQL's notation, no empty values
     assert "/" in sink["offset"].value and sink["offset"].value == sink["offset_lsn"].value
     assert all(getattr(v, "value", v) not in (None, "", "None") for v in sink.values()), sink
     assert "dagster/column_schema" not in sink  # two tables: no one table's columns
+
+
+def _stale_status(ui: Ui) -> str:
+    """The sink's staleStatus as the UI reads it: FRESH, or STALE (the UI's "Unsynced")."""
+    return str(_gql(ui, STALE, {"k": [{"path": SINK.path}]})["assetNodes"][0]["staleStatus"])
+
+
+class Writer(threading.Thread):
+    """An order every 50 ms until stopped, so the change log records a new materialization every 5 s."""
+
+    def __init__(self, dsn: str) -> None:
+        super().__init__(daemon=True)
+        self.dsn, self.stopped, self.error = dsn, threading.Event(), None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            with psycopg.connect(self.dsn, autocommit=True) as conn:
+                while not self.stopped.wait(0.05):
+                    conn.execute("INSERT INTO orders SELECT coalesce(max(id), 0) + 1, 'paid', now() FROM orders")
+        except BaseException as exc:  # the test asserts there was none
+            self.error = exc
+
+
+def _check_run(ui: Ui) -> Any:
+    """The run of the sink's lag_below_max check's newest record, as the UI shows the check."""
+    key = AssetCheckKey(SINK, "lag_below_max")
+    record = ui.instance.event_log_storage.get_latest_asset_check_execution_by_key([key]).get(key)
+    return None if record is None else ui.instance.get_run_by_id(record.run_id)
+
+
+def test_the_sink_reads_synced_while_it_keeps_up_and_unsynced_while_behind(ui: Ui) -> None:
+    """While rows arrive and the change log records materializations, the sink reads FRESH at every read
+    of the UI's staleStatus (not "Unsynced" after each of the log's records); blocked (its table locked)
+    longer than delivery.max_lag_seconds it reads STALE; released, FRESH again. Meanwhile lag_below_max is
+    executed by hand as the Checks tab's Execute launches it, and the delivery run, seeing that record newer
+    than its own, asks for a fresh run to hand over to (whose readings will be the check's latest again)."""
+    log_key = AssetKey(["cdc", "change_log"])
+    writer = Writer(ui.source.dsn)
+    try:
+        wait_until(lambda: _check_run(ui) is not None and _check_run(ui).job_name == "deliver_mirror", 120,
+                   "the delivery run's reading of lag_below_max")
+        wait_until(lambda: _stale_status(ui) == "FRESH", 60, "the sink to read synced")
+        first = ui.instance.fetch_materializations(log_key, limit=1).records[0].storage_id
+        seen: set[str] = set()
+        recorded: list[float] = []
+
+        def read_past_the_logs_next_record() -> bool:  # the sink read until 3 s after the log's next record
+            seen.add(_stale_status(ui))
+            if not recorded and ui.instance.fetch_materializations(log_key, limit=1).records[0].storage_id > first:
+                recorded.append(time.monotonic())  # before: the sink read "Unsynced" from here to its own next
+            return bool(recorded) and time.monotonic() - recorded[0] >= 3
+
+        wait_until(read_past_the_logs_next_record, 60, "the change log's next materialization")
+        assert seen == {"FRESH"}, seen
+        streaming = _check_run(ui).run_id
+        executed = _gql(ui, LAUNCH_RUN, {"e": {"selector": {
+            "repositoryLocationName": LOCATION, "repositoryName": "__repository__", "jobName": "__ASSET_JOB",
+            "assetSelection": [], "assetCheckSelection": [{"assetKey": {"path": SINK.path}, "name": "lag_below_max"}]},
+            "mode": "default"}})["launchRun"]
+        assert executed["__typename"] == "LaunchRunSuccess", executed
+        with psycopg.connect(ui.dest.dsn) as conn:
+            conn.execute("LOCK TABLE mirror.orders IN ACCESS EXCLUSIVE MODE")
+            wait_until(lambda: _stale_status(ui) == "STALE", 60, "the blocked sink to read Unsynced")
+        wait_until(lambda: _stale_status(ui) == "FRESH", 60, "the released sink to read synced again")
+        # The delivery run saw the hand-executed record and asked for its successor (taking over is the
+        # handover every run makes near its end; unit/test_dagster_handover.py has the rest).
+        by_hand = executed["run"]["runId"]
+        wait_until(lambda: by_hand in ui.instance.get_run_by_id(streaming).tags.get("cdc_pipeline/handover", ""),
+                   120, "the delivery run to hand over")
+        assert writer.error is None
+    finally:
+        writer.stopped.set()
+        writer.join(10)
+
+
+SNAPSHOT_NODE = """query($k: [AssetKeyInput!]) { assetNodes(assetKeys: $k) { description
+  metadataEntries { label ... on TextMetadataEntry { text } } partitionStats { numPartitions } } }"""
+
+
+def test_snapshot_assets_say_that_a_backfill_is_on_demand(ui: Ui) -> None:
+    """What the snapshot asset's page shows beside "Missing (N)": that no backfill asked is no work left."""
+    [node] = _gql(ui, SNAPSHOT_NODE, {"k": [{"path": SNAPSHOT.path}]})["assetNodes"]
+    assert node["description"].startswith("On demand: a backfill of public.orders"), node
+    assert "a missing partition is a day nobody asked to read again, not work left to do" in node["description"]
+    entries = {e["label"]: e.get("text") for e in node["metadataEntries"]}
+    assert entries["backfill"].startswith("on demand: the table's changes stream through cdc/change_log"), entries
+    assert node["partitionStats"]["numPartitions"] == len(DAYS)

@@ -72,7 +72,7 @@ def test_hostile_column_names_are_mirrored_exactly(dest_dsn, columns) -> None:
         ColumnInfo(c, "integer" if i == 0 else "text", 23 if i == 0 else 25, i > 0, i == 0)
         for i, c in enumerate(columns)), (columns[0],), "d", (columns[0],))
     sink = sink_for(dsn, "mirror")
-    sink.prepare(lambda name: info if name == f"public.{table}" else None)
+    sink.context.describe = lambda name: info if name == f"public.{table}" else None
     rows = {k: {c: (k if i == 0 else f"{c}%s'{k}") for i, c in enumerate(columns)} for k in range(1, 4)}
     batch = [message(k, table, "insert", r) for k, r in rows.items()]
     rows[2] = {**rows[2], **{c: "changed %" for c in columns[1:]}}
@@ -114,7 +114,7 @@ def test_hostile_routes_deliver_exactly_or_park(dest_dsn, route) -> None:
     dsn = dest_dsn
     n = next(_counter)
     sink = sink_for(dsn, "append")
-    sink.prepare(lambda name: None)
+    sink.context.describe = lambda name: None
     batch = [message(n, "t", "insert", {"id": n}, route=route), message(n + 100000, "t", "insert", {"id": n})]
     try:
         results = deliver_in_order(sink, batch)  # never raises: a bad route is that message's failure

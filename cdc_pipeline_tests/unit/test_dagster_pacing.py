@@ -1,5 +1,6 @@
 """What a streaming run records in Dagster's event log (defs/pacing.py, defs/versions.py): materializations
-at most once per report_seconds and only when data moved, aligned with the change log's versions; check
+at most once per report_seconds and only when data moved, a sink's at once when it caught up or fell
+behind (what it names as its change-log input, which decides the UI's "Unsynced"); check
 evaluations when the outcome flips or a figure moves materially."""
 
 from __future__ import annotations
@@ -7,7 +8,7 @@ from __future__ import annotations
 from dagster import AssetCheckEvaluation, AssetCheckSeverity, AssetKey
 
 from cdc_pipeline.defs.health import PARKED_CHECK, SINK_LAG_CHECK
-from cdc_pipeline.defs.pacing import CheckGate, LogPace, SinkPace, covers
+from cdc_pipeline.defs.pacing import CheckGate, LogPace, SinkPace
 from cdc_pipeline.defs.versions import position_version, provenance_tags, version_position
 
 KEY = AssetKey(["sink", "s"])
@@ -55,33 +56,44 @@ def test_the_change_log_materializes_when_it_moved_at_most_once_per_report_secon
     assert not pace.due((times[-1], 0), 10_000.0), "nothing moved: nothing recorded"
 
 
-def test_a_caught_up_sink_follows_the_change_logs_versions() -> None:
-    pace = SinkPace(every=60, at=0.0)
-    log_times = list(range(2, 3600, 62))  # the log records every ~60 s, at its own phase
-    recorded: list[tuple[int, str]] = []
-    for t in range(0, 3600, 5):
-        log_at = max((x for x in log_times if x <= t), default=None)
-        log_version = None if log_at is None else f"{log_at}:0"
-        offset = (t, 0)  # caught up: the sink holds everything up to now
-        got = pace.input_version(float(t), offset, log_version, None if log_at is None else float(log_at),
-                                 drained=True)
+def _run_sink(pace: SinkPace, lags: dict[int, bool], seconds: int = 600) -> list[tuple[int, str]]:
+    """A sink read every 5 s whose offset moves at every read; `lags`: from which second it keeps up (True)
+    or is behind (False). Returns (second, named version) of each materialization."""
+    recorded, keeping = [], True
+    for t in range(5, seconds, 5):
+        keeping = lags.get(t, keeping)
+        got = pace.input_version(float(t), (t, 0), STREAM, keeping)
         if got is not None:
-            pace.recorded(offset, got, log_version, float(t))
+            pace.recorded((t, 0), got, float(t))
             recorded.append((t, got))
-    assert 50 <= len(recorded) <= 60
-    assert all(b[0] - a[0] >= 60 for a, b in zip(recorded, recorded[1:], strict=False))
-    # Each names the log's latest version, so the sink reads up to date; and it follows the log closely.
-    for t, got in recorded:
-        latest = max(x for x in log_times if x <= t)
-        assert got == f"{latest}:0" and t - latest <= 10, (t, got)
+    return recorded
 
 
-def test_a_lagging_sink_names_its_own_offset() -> None:
-    pace = SinkPace(every=60, at=0.0, caught_up=False)
-    assert pace.input_version(30.0, (5, 0), "100:0", 29.0, drained=False) is None  # too soon
-    assert pace.input_version(61.0, (5, 0), "100:0", 60.0, drained=False) == "0/5:0"  # its own offset
-    pace.recorded((5, 0), "5:0", "100:0", 61.0)
-    assert pace.input_version(200.0, (5, 0), "100:0", 190.0, drained=False) is None  # did not move
+STREAM = "stream"
+
+
+def test_a_sink_that_keeps_up_names_the_logs_version_at_most_once_per_report_seconds() -> None:
+    recorded = _run_sink(SinkPace(every=60, at=0.0, named=STREAM), {})
+    assert [t for t, _ in recorded] == list(range(60, 600, 60)) and {v for _, v in recorded} == {STREAM}
+
+
+def test_a_sink_names_its_offset_at_once_when_it_falls_behind_and_the_log_at_once_when_it_caught_up() -> None:
+    recorded = _run_sink(SinkPace(every=60, at=0.0, named=STREAM), {100: False, 300: True})
+    assert recorded[:2] == [(60, STREAM), (100, position_version((100, 0)).value)]  # at the read it fell behind
+    assert (160, position_version((160, 0)).value) in recorded  # behind: paced, naming its offset
+    assert (300, STREAM) in recorded and all(v == STREAM for t, v in recorded if t >= 300)
+
+
+def test_a_new_log_version_or_a_first_run_is_named_at_once() -> None:
+    pace = SinkPace(every=60, at=0.0)  # no materialization of the sink yet
+    assert pace.input_version(5.0, (5, 0), STREAM, True) == STREAM
+    pace.recorded((5, 0), STREAM, 5.0)
+    assert pace.input_version(10.0, (10, 0), STREAM, True) is None
+    assert pace.input_version(10.0, (10, 0), "INITIAL", True) == "INITIAL"  # the log's version changed
+    behind = SinkPace(every=60, at=0.0, named="0/5:0")  # its last run ended behind, and it is still behind
+    assert behind.input_version(5.0, (6, 0), STREAM, False) is None
+    assert behind.input_version(60.0, (7, 0), STREAM, False) == "0/7:0"
+    assert behind.input_version(60.0, (7, 0), STREAM, True) == STREAM  # caught up
 
 
 def test_versions_are_positions_and_tags_carry_provenance() -> None:
@@ -95,20 +107,3 @@ def test_versions_are_positions_and_tags_carry_provenance() -> None:
     assert tags["dagster/input_data_version/cdc/change_log"] == "9:1"
     assert tags["dagster/input_event_pointer/cdc/change_log"] == "42"
     assert tags["dagster/input_event_pointer/source/t"] == "NULL"
-
-
-def test_without_the_change_log_in_dagster_a_sink_records_every_report_seconds() -> None:
-    pace = SinkPace(every=60, at=0.0)  # a drain outside Dagster: the log records no versions
-    times = []
-    for t in range(0, 600, 5):
-        got = pace.input_version(float(t), (t, 0), None, None, drained=True)
-        if got is not None:
-            pace.recorded((t, 0), got, None, float(t))
-            times.append((t, got))
-    assert times == [(t, position_version((t, 0)).value) for t in range(60, 600, 60)]
-
-
-def test_a_sink_covers_the_logs_version_at_or_before_its_offset_or_when_drained() -> None:
-    assert covers("10:2", (10, 2), drained=False) and covers("10:2", (11, 0), drained=False)
-    assert not covers("10:2", (10, 1), drained=False) and covers("10:2", (10, 1), drained=True)
-    assert not covers(None, (10, 1), drained=True) and not covers("a1b2", (10, 1), drained=False)

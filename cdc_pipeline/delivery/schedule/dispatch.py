@@ -37,7 +37,7 @@ class Dispatch:
                 pos = position_of(messages[i])
                 ceiling = pos if ceiling is None else min(ceiling, pos)
             seen = len(order.parked)
-            self.sink.hold_position_below(ceiling)
+            self.sink.context.ceiling = ceiling
             try:
                 results = self._deliver([messages[i] for i in call])
             except Stopped:  # the run stops: the call is not settled (the next run sends it)

@@ -20,8 +20,6 @@ from cdc_pipeline.state.pull_queue import PullQueue
 class HttpPullSink(Sink):
     def __init__(self, sink_config: SinkConfigLike) -> None:
         self.name = sink_config.name
-        self._conn: psycopg.Connection | None = None
-        self._queue: PullQueue | None = None
 
     @classmethod
     def status(cls, sink_config: SinkConfigLike, conn: psycopg.Connection, schema: str) -> dict[str, Any]:
@@ -30,17 +28,13 @@ class HttpPullSink(Sink):
             return {}
         return {"pull_queue": PullQueue(schema).counts(conn, sink_config.name)}
 
-    def bind_state(self, conn: psycopg.Connection, schema: str) -> None:
-        """Called by the delivery engine: the connection whose transaction commits the offset."""
-        self._conn = conn
-        self._queue = PullQueue(schema)
-
     def deliver(self, batch: Sequence[OutboundMessage]) -> list[str | None]:
-        if self._conn is None or self._queue is None:
-            raise RuntimeError(f"http_pull sink {self.name!r}: not bound to the state database")
+        conn = self.context.state  # the delivery's: its transaction commits the offset (sinks/base.py SinkContext)
+        if conn is None:
+            raise RuntimeError(f"http_pull sink {self.name!r}: no state connection in its context")
         rows = []
         for m in batch:
             lsn, _, idx = m.key.partition(":")
             rows.append((int(lsn), int(idx), m.group, m.payload.decode()))
-        self._queue.enqueue(self._conn, self.name, rows)
+        PullQueue(self.context.schema).enqueue(conn, self.name, rows)
         return [None] * len(batch)

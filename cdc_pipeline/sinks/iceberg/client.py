@@ -14,10 +14,8 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
-from psycopg.conninfo import make_conninfo
 from pyiceberg.exceptions import (
     CommitFailedException,
     NamespaceAlreadyExistsError,
@@ -169,7 +167,6 @@ class IcebergSink(LakeSink):
     def __init__(self, sink_config: Any) -> None:
         super().__init__(sink_config)
         self._catalog: Any = None
-        self._state: tuple[str | None, str] = (None, "cdc_pipeline")
 
     @classmethod
     def asset_metadata(cls, sink_config: SinkConfigLike) -> dict[str, str]:
@@ -177,11 +174,6 @@ class IcebergSink(LakeSink):
         return {"destination_tables": ", ".join(cls.destination_tables(sink_config)),
                 "location": dest.warehouse.split("?")[0], "format": "iceberg", "mode": dest.mode,
                 "catalog": f"{dest.catalog.type} ({dest.catalog.name})"}
-
-    def bind_state(self, conn: psycopg.Connection, schema: str) -> None:
-        """The state database, where the default SQL catalog lives."""
-        info = conn.info
-        self._state = (make_conninfo(info.dsn, password=info.password or None), schema)
 
     def close(self) -> None:
         super().close()
@@ -191,7 +183,8 @@ class IcebergSink(LakeSink):
 
     def catalog(self) -> Any:
         if self._catalog is None:
-            self._catalog = load_catalog(self.dest, *self._state)
+            # The state database is where the default SQL catalog lives (sinks/base.py SinkContext).
+            self._catalog = load_catalog(self.dest, self.context.state_dsn, self.context.schema)
         return self._catalog
 
     def open_table(self, name: str, schema: pa.Schema, primary_key: Sequence[str]) -> IcebergTableHandle:

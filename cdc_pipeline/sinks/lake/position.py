@@ -3,7 +3,7 @@
 key (the sink's name, or a lane's: core/lanes.py).
 
 Two marks per key: `position`, where a restart may resume (below any message the engine parks in that
-batch: hold_position_below), and `applied`, the batch's last message written. Messages up to `position` are
+batch: the context's `ceiling`), and `applied`, the batch's last message written. Messages up to `position` are
 in the table; an append table may also hold some between the two (checked by idempotency key on redelivery).
 """
 

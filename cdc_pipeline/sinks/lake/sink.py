@@ -13,13 +13,12 @@ precedes it is written, what follows is NOT_SENT (the engine hands it back).
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, ClassVar, Protocol
 
 import pyarrow as pa
 
 from cdc_pipeline.core.positions import Position
-from cdc_pipeline.postgres.catalog import TableInfo
 from cdc_pipeline.postgres.oids import FIRST_USER_OID
 from cdc_pipeline.sinks.base import NOT_SENT, OutboundMessage, Sink, SinkConfigLike, SinkUnavailable
 from cdc_pipeline.sinks.lake import effects, fault, rows, values
@@ -49,11 +48,8 @@ class LakeSink(Sink):
         self.dest = sink_config.destination
         self.append = self.dest.mode == "append"
         self.holds_rows = not self.append
-        self._key = self.name  # bind_lane
-        self._ceiling: Position | None = None
-        self._describe: Callable[[str], TableInfo | None] = lambda table: None
         self._tables: dict[str, LakeTable] = {}
-        self._marks: dict[str, Marks] = {}
+        self._marks: dict[tuple[str, str], Marks] = {}  # by (position key, table): a lane's own, read once
 
     # -- capabilities (sinks/base.py) ---------------------------------------------------------------------
     @classmethod
@@ -72,17 +68,6 @@ class LakeSink(Sink):
     def destination_tables(cls, sink_config: SinkConfigLike) -> list[str]:
         return sorted({sink_config.destination.table_for(t) for t in sink_config.tables})
 
-    # -- the engine's hooks ----------------------------------------------------------------------------
-    def prepare(self, describe: Callable[[str], Any]) -> None:
-        self._describe = describe
-
-    def bind_lane(self, key: str) -> None:
-        self._key = key
-        self._marks.clear()
-
-    def hold_position_below(self, position: Position | None) -> None:
-        self._ceiling = position
-
     def close(self) -> None:
         self._tables.clear()
         self._marks.clear()
@@ -94,7 +79,7 @@ class LakeSink(Sink):
 
     # -- delivery --------------------------------------------------------------------------------------
     def shape(self, source: str) -> rows.Shape:
-        info = self._describe(source)
+        info = self.context.describe(source)
         if info is None:
             raise ValueError(f"no description of the source table {source}")
         if not self.append and not info.primary_key:
@@ -115,7 +100,7 @@ class LakeSink(Sink):
                 break
         if parsed:
             try:
-                self._write(parsed, shapes, Marks.of(parsed[-1].position, self._ceiling))
+                self._write(parsed, shapes, Marks.of(parsed[-1].position, self.context.ceiling))
             except self.transient as exc:
                 raise SinkUnavailable(f"{self.fmt} sink {self.name!r}: {type(exc).__name__}: "
                                       f"{_first_line(exc)}") from exc
@@ -150,9 +135,10 @@ class LakeSink(Sink):
     def _write_table(self, name: str, messages: list[rows.Parsed], source: rows.Shape, marks: Marks) -> None:
         """One table's part of a call, in one commit with the marks; what the table holds already skipped."""
         table = self._table(name, source)
-        done = self._marks.get(name)
+        key = self.context.position_key  # the lane's in the current split (sinks/base.py SinkContext)
+        done = self._marks.get((key, name))
         if done is None:
-            done = self._marks[name] = table.marks(self._key) or Marks(NONE, NONE)
+            done = self._marks[(key, name)] = table.marks(key) or Marks(NONE, NONE)
         todo = [p for p in messages if p.position > done.position and p.change.action != "schema"]
         if self.append and todo and done.applied > done.position:
             present = table.keys_between(done.position, done.applied)
@@ -164,14 +150,14 @@ class LakeSink(Sink):
         if self.append:
             data = rows.append_table(shape, todo)
             fault.reached("before_commit")
-            table.commit_append(data, self._key, marks)
+            table.commit_append(data, key, marks)
         else:
             reduced = effects.reduce((p.change for p in todo), shape.primary_key, source.columns)
             batch = rows.mirror_table(shape, reduced, lambda keys: table.rows_by_key(shape.primary_key, keys))
             fault.reached("before_commit")
-            table.commit_mirror(reduced.truncate, batch, shape.primary_key, self._key, marks)
+            table.commit_mirror(reduced.truncate, batch, shape.primary_key, key, marks)
         fault.reached("after_commit")
-        self._marks[name] = marks
+        self._marks[(key, name)] = marks
 
     def _table(self, name: str, shape: rows.Shape) -> LakeTable:
         table = self._tables.get(name)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
 
 import pyarrow as pa
 from pyspark.sql import SparkSession
@@ -23,11 +22,6 @@ class ParquetSink(Sink):
     def __init__(self, sink_config: object) -> None:
         self.name = sink_config.name  # type: ignore[attr-defined]
         self.path: str = sink_config.destination.path  # type: ignore[attr-defined]
-        self._spark: Any = None
-
-    def bind_spark(self, spark: Any) -> None:
-        """The deliverer's session (maybe not started yet: delivery/lazy_spark.py), configured from cdc.yaml."""
-        self._spark = spark
 
     def deliver(self, batch: Sequence[OutboundMessage]) -> list[str | None]:
         if not batch:
@@ -51,7 +45,8 @@ class ParquetSink(Sink):
             "commit_idx": pa.array(idxs, pa.int32()), "action": actions, "message": bodies,
             "table": tables, "date": dates, "batch": [first] * len(batch),
         })
-        spark = self._spark if self._spark is not None else SparkSession.builder.getOrCreate()
+        # The deliverer's session (started on first use: delivery/lazy_spark.py), configured from cdc.yaml.
+        spark = self.context.spark if self.context.spark is not None else SparkSession.builder.getOrCreate()
         try:
             (spark.createDataFrame(table).write.mode("overwrite")
              .option("partitionOverwriteMode", "dynamic")

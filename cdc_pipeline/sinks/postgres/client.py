@@ -14,7 +14,7 @@ TRUNCATE splits the batch: messages before it, the truncate, messages after it.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import psycopg
 from psycopg import sql
@@ -44,17 +44,17 @@ class _RunMismatch(Exception):
 class PostgresSink(Sink):
     def __init__(self, sink_config: object) -> None:
         self.name = sink_config.name  # type: ignore[attr-defined]
-        self._own = OwnPosition(self.name)  # its own record of its position (own_position.py)
+        self._own = self.own_position = OwnPosition(self)  # its own record of its position (own_position.py)
         self.dest = sink_config.destination  # type: ignore[attr-defined]
         self.mode: str = self.dest.mode
         self.holds_rows = self.mode == "mirror"
+        self.typed_runs = self.deliver_typed_run if self.holds_rows else None  # typed reads, as they are
         self.conn: psycopg.Connection | None = None
-        self._describe: Callable[[str], TableInfo | None] = lambda table: None
         # target table -> the source columns it was synced to, and the mirror table's own description
         self._shapes: dict[str, tuple[tuple[str, ...], TableInfo]] = {}
         self._pending: dict[str, tuple[tuple[str, ...], TableInfo]] = {}  # synced in the open transaction
         self._position: tuple[int, int] = (0, -1)  # of the batch being applied
-        self._history: Callable[[str], list[dict[str, object]] | None] = lambda table: None
+        self._plain = typed.PlainInserts()  # runs of typed reads into an empty key range: INSERT, no MERGE
 
     # -- capabilities (sinks/base.py): a mirror acts on truncates and writes the source's values, typed ----
     @classmethod
@@ -94,28 +94,11 @@ class PostgresSink(Sink):
         self.conn.execute(typed.STAGE_DDL)
         self.conn.commit()
 
-    def prepare(self, describe: Callable[[str], TableInfo | None]) -> None:
-        self._describe = describe
-
-    def bind_state(self, conn: psycopg.Connection, schema: str) -> None:
-        # A mirror table created behind a schema change takes the columns the log says it had (history.py).
-        self._history = lambda table: history.columns_before_next_change(conn, schema, table, self._position)
-
     def _ddl_lock(self) -> None:
         """Sinks sharing a destination (`deliver` runs them at once) create schemas and tables one at a time:
         CREATE ... IF NOT EXISTS is not safe against a concurrent CREATE (a unique violation)."""
         assert self.conn is not None
         self.conn.execute("SELECT pg_advisory_xact_lock(hashtext('cdc_pipeline sink ddl'))")
-
-    def position(self) -> tuple[int, int] | None:
-        assert self.conn is not None
-        return self._own.read(self.conn)
-
-    def bind_lane(self, key: str) -> None:
-        self._own.key = key
-
-    def hold_position_below(self, position: tuple[int, int] | None) -> None:
-        self._own.ceiling = position
 
     def close(self) -> None:
         if self.conn is not None:
@@ -159,7 +142,7 @@ class PostgresSink(Sink):
                 if rows != run.count:
                     raise _RunMismatch(f"typed run: {run.count} reads expected, {rows} relayed")
                 if len(run.shapes) == 1:
-                    typed.apply_one_shape(conn, rows, run.tables, run.shapes[0], self._sync_table)
+                    typed.apply_one_shape(conn, rows, run.tables, run.shapes[0], self._sync_table, self._plain)
                 else:
                     self._mirror(rows, list(run.shapes))
                 self._record(run.last)
@@ -274,7 +257,7 @@ class PostgresSink(Sink):
         own description (its columns are what a message is written to). Columns leave a mirror only by a
         `schema` message at their position (evolve.py), never because a later description lacks them."""
         assert self.conn is not None
-        info = self._describe(source_table)
+        info = self.context.describe(source_table)
         if info is None or not info.primary_key:
             raise ValueError(f"mirror of {source_table}: no primary key known for the source table")
         target = self._target(source_table)
@@ -288,7 +271,7 @@ class PostgresSink(Sink):
         self.conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(target[0])))
         have = evolve.columns(self.conn, target, generated=True)
         if not have:
-            first = history.creation_columns(info, self._history(source_table))
+            first = history.creation_columns(info, self._columns_then(source_table))
             self.conn.execute(sql.SQL("CREATE TABLE {} ({}, PRIMARY KEY ({}))").format(
                 ident,
                 sql.SQL(", ").join(sql.SQL("{} {}").format(sql.Identifier(c.name), _column_type(c)) for c in first),
@@ -304,6 +287,12 @@ class PostgresSink(Sink):
         mirror = history.mirror_info(info, evolve.columns(self.conn, target))
         self._pending[key] = (columns, mirror)
         return target, mirror
+
+    def _columns_then(self, table: str) -> list[dict[str, object]] | None:
+        """A mirror table created behind a schema change takes the columns the log says it had (history.py)."""
+        state = self.context.state
+        return None if state is None else history.columns_before_next_change(state, self.context.schema, table,
+                                                                               self._position)
 
     def _follow(self, source_table: str, target: tuple[str, str], info: TableInfo, seq: int) -> TableInfo:
         """Apply the `schema` message at ``seq`` to the mirror table; returns its new description."""
@@ -341,7 +330,7 @@ class PostgresSink(Sink):
                     if shape == typed.JSON_RUN:
                         self._mirror_segment(target, info, schema, name, lo, hi + 1)
                     else:
-                        typed.apply_run(conn, target, info, schema, name, shapes[shape], shape, lo, hi)
+                        typed.apply_run(conn, target, info, schema, name, shapes[shape], shape, lo, hi, self._plain)
                 if kinds.get(cut) == "truncate":
                     conn.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(*target)))
                 elif kinds.get(cut) == "schema":

@@ -4,19 +4,26 @@ database's never applies a batch twice. One row per key: the sink's name, or a l
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import psycopg
 from psycopg import sql
 
 from cdc_pipeline.core.positions import Position
 from cdc_pipeline.sinks.postgres import OFFSETS_SCHEMA
 
+if TYPE_CHECKING:
+    from cdc_pipeline.sinks.postgres.client import PostgresSink as Sink
+
 _TABLE = sql.SQL("{}.offsets").format(sql.Identifier(OFFSETS_SCHEMA))
 
 
 class OwnPosition:
-    def __init__(self, key: str) -> None:
-        self.key = key
-        self.ceiling: Position | None = None  # never record a position at or past this one (hold_position_below)
+    """The sink's `own_position` capability (sinks/base.py): read on the sink's connection, recorded under its
+    context's `position_key`, never at or past its `ceiling`."""
+
+    def __init__(self, sink: Sink) -> None:
+        self.sink = sink
 
     @staticmethod
     def create(conn: psycopg.Connection) -> None:
@@ -25,9 +32,11 @@ class OwnPosition:
             "CREATE TABLE IF NOT EXISTS {} (sink text PRIMARY KEY, commit_lsn bigint NOT NULL, "
             "commit_idx integer NOT NULL, updated_at timestamptz NOT NULL DEFAULT now())").format(_TABLE))
 
-    def read(self, conn: psycopg.Connection) -> Position | None:
+    def read(self, key: str) -> Position | None:
+        conn = self.sink.conn
+        assert conn is not None, "read once the sink is open"
         row = conn.execute(sql.SQL("SELECT commit_lsn, commit_idx FROM {} WHERE sink = %s").format(_TABLE),
-                           (self.key,)).fetchone()
+                           (key,)).fetchone()
         conn.commit()
         return (int(row[0]), int(row[1])) if row else None
 
@@ -35,10 +44,11 @@ class OwnPosition:
         """In the batch's transaction. The engine parks a message at the ceiling only in its own later commit:
         a crash before it must resume at that message (replaying sent ones after it is harmless; skipping it
         is not)."""
-        if self.ceiling is not None:
-            last = min(last, (self.ceiling[0], self.ceiling[1] - 1))
+        context = self.sink.context
+        if context.ceiling is not None:
+            last = min(last, (context.ceiling[0], context.ceiling[1] - 1))
         conn.execute(sql.SQL(
             "INSERT INTO {} AS o (sink, commit_lsn, commit_idx) VALUES (%s, %s, %s) "
             "ON CONFLICT (sink) DO UPDATE SET commit_lsn = excluded.commit_lsn, commit_idx = excluded.commit_idx, "
             "updated_at = now() WHERE (o.commit_lsn, o.commit_idx) < (excluded.commit_lsn, excluded.commit_idx)"
-        ).format(_TABLE), (self.key, *last))
+        ).format(_TABLE), (context.position_key, *last))

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote
 
@@ -63,14 +63,9 @@ class TypesenseSink(BatchingSink):
         self.timeout_s: float = dest.timeout_seconds
         self._key = dest.api_key
         self._http: httpx.AsyncClient | None = None
-        self._describe: Callable[[str], Any] = lambda table: None
         self._tables: dict[str, Any] = {}  # schema.table -> TableInfo or None
         self._collections: set[str] = set()  # known to exist
         self._creating = asyncio.Lock()
-
-    def prepare(self, describe: Callable[[str], Any]) -> None:
-        self._describe = describe
-        self._tables.clear()
 
     # -- connection ---------------------------------------------------------------------------------
     async def connect(self) -> None:
@@ -79,6 +74,7 @@ class TypesenseSink(BatchingSink):
                                        headers={"X-TYPESENSE-API-KEY": self._key.get_secret_value()},
                                        limits=httpx.Limits(max_connections=MAX_CONNECTIONS))
         self._collections.clear()
+        self._tables.clear()  # described afresh each session: the source may have changed meanwhile
         self._creating = asyncio.Lock()
         # /health answers without a key: a collection lookup says whether the key is taken
         probe = quote(self.collection_name or "cdc_pipeline_probe", safe="")
@@ -131,7 +127,7 @@ class TypesenseSink(BatchingSink):
 
     def _table(self, table: str) -> Any:
         if table not in self._tables:
-            self._tables[table] = self._describe(table)
+            self._tables[table] = self.context.describe(table)
         return self._tables[table]
 
     async def send_request(self, target: str, entries: Sequence[tuple[OutboundMessage, Any]]) -> list[str | None]:

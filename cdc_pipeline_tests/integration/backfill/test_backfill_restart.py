@@ -161,3 +161,33 @@ def test_a_backfill_whose_process_died_reports_completed_once_the_drain_complete
         assert stop(drainer, signal.SIGTERM, 60)[0] == 0
     finally:
         _kill(backfiller, *([drainer] if drainer else []))
+
+
+def test_staged_rows_a_crash_loses_are_read_again(rdb: Database, cluster: embedded.EmbeddedPostgres,
+                                                   db_factory: Callable[[], Database],
+                                                   write_config: Callable[..., PipelineConfig]) -> None:
+    """Staged rows are unlogged: a crash of the state database (here the source's: the default) empties them
+    while their pages stay staged and their high watermarks are in the WAL. The drain reconciles none of those
+    pages (it would log none of their rows); the resumed backfill reads them again, and every row is logged
+    exactly once."""
+    from cdc_pipeline.backfill.engine import Backfiller, BackfillRequest
+    from cdc_pipeline_tests.helpers import drain
+    from cdc_pipeline_tests.integration.backfill.test_backfill import backfill
+
+    config = _config(rdb, db_factory(), write_config, rows=300, page=100)
+    runner = Backfiller(config, BackfillRequest("public.t"), progress_seconds=0,
+                        on_progress=lambda p: runner.stop() if p.status == "completing" else None)
+    assert runner.run().status == "interrupted"  # every page staged, its high watermark sent; no drain
+    assert rdb.execute("SELECT count(*) FROM cdc_pipeline.backfill_rows") == [(300,)]
+    rdb.execute("CHECKPOINT")  # what was committed is on disk (the test cluster runs without fsync)
+    cluster.stop("immediate")
+    cluster.start()
+    assert rdb.execute("SELECT count(*) FROM cdc_pipeline.backfill_rows") == [(0,)]
+    drain(config)  # reaches the four high watermarks (the last page is empty): it reconciles none
+    assert rdb.execute("SELECT count(*), bool_and(status = 'staged') FROM cdc_pipeline.backfill_pages") == [(4, True)]
+    assert _reads(rdb) == 0
+    again = backfill(config, "public.t")
+    assert again.status == "completed" and again.resumed and again.resumed_from_page == 0
+    assert again.rows_read_this_run == 300
+    assert rdb.execute("SELECT count(*), count(DISTINCT pk) FROM cdc_pipeline.change_log WHERE action = 'read'") \
+        == [(300, 300)]

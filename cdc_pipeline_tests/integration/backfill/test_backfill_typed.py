@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from cdc_pipeline.admin.setup import setup
-from cdc_pipeline_tests.helpers import assert_mirrored, deliver, drain
+from cdc_pipeline_tests.helpers import assert_mirrored, deliver, drain, wait_until
 from cdc_pipeline_tests.integration.backfill.test_backfill import backfill, backfill_config
 
 # The core types of test_core_mirror, without `json` (it keeps the JSON path: its NUL escapes are
@@ -352,3 +352,57 @@ def test_json_money_and_oid_alias_columns_keep_the_json_path(source_db: Any) -> 
         for i, kind in enumerate(kept):
             assert typed_columns(conn, "public", f"k{i}", ()) is None, kind
         assert typed_columns(conn, "public", "plain", ()) == (("id", "integer"), ("v", "text[]"), ("m", "text[]"))
+
+
+def test_typed_reads_into_an_empty_key_range_are_inserted_and_a_taken_key_falls_back_to_merge(db_factory) -> None:
+    """A run of typed reads is INSERTed while the mirror holds none of its keys (no MERGE); a key taken, even by
+    a transaction still in flight when the INSERT starts, makes the INSERT wait, fail as a whole and the MERGE
+    apply the run: no key lost or doubled, the row the writer committed updated by the run as a MERGE does. A
+    mirror table without a unique index on its key is always merged (an INSERT could double a key)."""
+    import threading
+    from dataclasses import replace
+
+    from cdc_pipeline.postgres.catalog import describe_table
+    from cdc_pipeline.sinks.postgres import typed
+
+    db = db_factory()
+    columns = (("id", "integer"), ("v", "text"))
+    plain = typed.PlainInserts()
+
+    def apply(conn: psycopg.Connection, table: str, ids: range, v: str) -> None:
+        conn.execute(typed.STAGE_DDL)
+        with conn.cursor().copy("COPY _cdc_typed (seq, sch, tbl, shape, tup) FROM STDIN") as copy:
+            for seq, i in enumerate(ids):
+                copy.write_row((seq, "public", "src", 0, f"({i},{v})"))
+        info = describe_table(conn, "public", table)
+        assert info is not None
+        info = replace(info, primary_key=("id",))  # the source's key, whatever the mirror table has
+        typed.apply_run(conn, ("public", table), info, "public", "src", columns, 0, 0, len(ids) - 1, plain)
+        conn.commit()
+
+    with psycopg.connect(db.dsn) as conn, psycopg.connect(db.dsn) as writer:
+        conn.execute("CREATE TABLE public.m (id integer PRIMARY KEY, v text)")
+        conn.commit()
+        conn.execute(typed.STAGE_DDL)
+        apply(conn, "m", range(1, 6), "r1")
+        assert plain._merge_for == {}  # inserted: no fallback
+        # A writer holds key 8 uncommitted: the run's INSERT waits on it, then fails; the MERGE applies the run.
+        writer.execute("INSERT INTO public.m VALUES (8, 'writer')")
+        done = threading.Event()
+        worker = threading.Thread(target=lambda: (apply(conn, "m", range(6, 11), "r2"), done.set()))
+        worker.start()
+        wait_until(lambda: db.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")[0][0] > 0, 30,
+                   "the run's INSERT to wait for the writer's key")
+        writer.commit()
+        worker.join(60)
+        assert done.is_set()
+        assert plain._merge_for == {("public", "m"): typed.PlainInserts.BACKOFF_RUNS}
+        assert db.execute("SELECT id, v FROM public.m ORDER BY id") == [
+            *[(i, "r1") for i in range(1, 6)], *[(i, "r2") for i in range(6, 11)]]
+        plain._merge_for.clear()
+        conn.execute("CREATE TABLE public.nokey (id integer, v text)")
+        conn.execute("INSERT INTO public.nokey VALUES (1, 'old')")
+        conn.commit()
+        apply(conn, "nokey", range(1, 3), "r3")  # no unique index on the key: merged, key 1 not doubled
+        assert db.execute("SELECT id, v FROM public.nokey ORDER BY id") == [(1, "r3"), (2, "r3")]
+        assert plain._merge_for == {}

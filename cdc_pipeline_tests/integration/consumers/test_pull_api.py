@@ -22,7 +22,7 @@ import yaml
 from cdc_pipeline.admin import status
 from cdc_pipeline.config import PipelineConfig, load_config
 from cdc_pipeline.sinks import build_sink
-from cdc_pipeline.sinks.base import OutboundMessage
+from cdc_pipeline.sinks.base import OutboundMessage, SinkContext
 from cdc_pipeline.state.schema import ensure_schema
 from cdc_pipeline_tests.pull import Server, receive, settle
 
@@ -63,9 +63,10 @@ def served(source_db: Any, tmp_path: Path) -> Iterator[Callable[..., tuple[Pipel
 
 def enqueue(config: PipelineConfig, items: list[tuple[str | None, int]], start: int = 1) -> None:
     """Queue messages through the http_pull sink, committed: (group, seq) each."""
-    sink = build_sink(config.sink("orders"))
+    context = SinkContext("orders", config.state.schema_name)
+    sink = build_sink(config.sink("orders"), context=context)
     with psycopg.connect(config.state_dsn) as conn:
-        sink.bind_state(conn, config.state.schema_name)  # type: ignore[attr-defined]
+        context.state = conn  # what a delivery's session hands it: its state connection
         batch = [OutboundMessage(f"{start + i}:0", group, None,
                                  json.dumps({"record": {"group": group, "seq": seq}}).encode())
                  for i, (group, seq) in enumerate(items)]

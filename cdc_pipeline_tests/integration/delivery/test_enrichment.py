@@ -16,6 +16,7 @@ from cdc_pipeline.admin.check import check
 from cdc_pipeline.admin.setup import setup
 from cdc_pipeline.config import PipelineConfig
 from cdc_pipeline.delivery.arrow_stage import run_arrow_stage
+from cdc_pipeline.delivery.dry_run import DryRun
 from cdc_pipeline.delivery.engine import Deliverer
 from cdc_pipeline.delivery.enrichment import EnrichmentUnavailable
 from cdc_pipeline.delivery.plan import SinkPlan
@@ -154,7 +155,7 @@ def test_composite_keys_pass_one_array_per_key_column(
     drain(config)
     with psycopg.connect(config.state_dsn) as conn:
         batch = Store("cdc_pipeline").load_batch(conn, ["public.orders", "public.customers"], (0, -1), 1000)
-    deliverer = Deliverer(config, config.sink("orders"), spark, dry_run=True)  # its plan and enricher, no sink
+    deliverer = DryRun(config, config.sink("orders"), spark)  # its plan and enricher, no sink
     out = run_arrow_stage(deliverer.plan, deliverer.enricher.enrich(batch))
     got = {tuple(m["record"][k] for k in ("region", "n")): m["metadata"]["enrichment"]
            for m in map(json.loads, out.column("payload").to_pylist()) if m["metadata"]["table_name"] == "orders"}

@@ -82,6 +82,8 @@ def test_metrics_agree_with_status_and_readyz_follows_an_outage(
         first, first_drain = _scrape(deliver_port), _scrape(drain_port)
         wait_until(lambda: _scrape(deliver_port)[delivered] > first[delivered], 60, "more deliveries")
         assert _scrape(drain_port)[logged] >= first_drain[logged]  # counters only grow
+        # The log rows it read for the sink (a lane's share with lanes): at least what it delivered.
+        assert _scrape(deliver_port)[("cdc_sink_rows_read_total", (("sink", "mirror"),))] >= first[delivered]
 
         # The destination goes down: deliver waits on it, and says so on /readyz.
         proxy.stop()

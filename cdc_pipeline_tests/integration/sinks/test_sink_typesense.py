@@ -31,7 +31,7 @@ def sink_of(server: TypesenseServer, **kw: Any) -> Any:
     """The sink as the engine's calls use it (cdc_pipeline_tests/scheduled.py)."""
     dest = TypesenseDestination(endpoint_url=server.url, api_key=kw.pop("api_key", TYPESENSE_KEY), **kw)
     sink = build_sink(SimpleNamespace(name=unique("ts"), destination=dest), {})
-    sink.prepare(lambda table: TABLE if table == "public.items" else None)
+    sink.context.describe = lambda table: TABLE if table == "public.items" else None
     return scheduled(sink, dest)
 
 

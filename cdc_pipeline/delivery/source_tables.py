@@ -1,0 +1,33 @@
+"""What a delivery asks of the source tables' descriptions (kept in the state database): a table's shape for the
+sink, read on the session's state connection, and a table's primary key columns for the row streams' deletes
+and the enrichment, read once."""
+
+from __future__ import annotations
+
+import psycopg
+
+from cdc_pipeline.postgres import session
+from cdc_pipeline.postgres.catalog import TableInfo
+from cdc_pipeline.state.base import StateError
+from cdc_pipeline.state.store import Store
+
+
+class SourceTables:
+    def __init__(self, store: Store, state_dsn: str) -> None:
+        self.store = store
+        self.state_dsn = state_dsn
+        self._keys: dict[str, tuple[str, ...]] = {}
+
+    def describe(self, conn: psycopg.Connection, table: str) -> TableInfo | None:
+        """A source table's description (its errors are the state database's)."""
+        try:
+            return self.store.table_info(conn, table)
+        except psycopg.Error as exc:
+            raise StateError(f"describing {table}: {type(exc).__name__}") from exc
+
+    def primary_key(self, table: str) -> tuple[str, ...]:
+        if table not in self._keys:
+            with session.connect(self.state_dsn) as conn:
+                info = self.store.table_info(conn, table)
+            self._keys[table] = info.primary_key if info else ()
+        return self._keys[table]
