@@ -83,6 +83,7 @@ class Requests:
         alone = self.sink.alone if type(self.sink).alone is not RequestSink.alone else None
         chunks, barriers = cut(len(batch), self.batch_size, [i for i, m in enumerate(batch) if alone(m)] if alone else [])
         await window(chunks, barriers, [m.group for m in batch], self._slots, send, skip, live.halted)
+        await live.is_down()  # every request is back: a request that said so is judged now
         return results, live.down, live.stopped
 
 
@@ -116,9 +117,13 @@ class _Liveness:
         self._suspects.append((began, why))
 
     async def halted(self) -> bool:
+        """Whether nothing more goes out: the run is stopping, or the destination is down."""
         if self._stop is not None and self._stop.is_set():
             self.stopped = True
             return True
+        return await self.is_down()
+
+    async def is_down(self) -> bool:
         while self.down is None and self._suspects:
             began, why = self._suspects[0]
             if self._acked > began:  # acknowledged since it began: the destination is up
