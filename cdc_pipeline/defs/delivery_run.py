@@ -35,7 +35,7 @@ from cdc_pipeline.defs.health import (
     sink_checks,
     sink_figures,
 )
-from cdc_pipeline.defs.materialize import CATCH_UP_SECONDS, clicked, delivery_elsewhere
+from cdc_pipeline.defs.materialize import delivery_elsewhere, run_bounds
 from cdc_pipeline.defs.pacing import CheckGate, ParkedWarning, SinkPace
 from cdc_pipeline.defs.resources import CdcConfigResource, SinksResource, SparkResource
 from cdc_pipeline.defs.run_metrics import run_metrics
@@ -143,7 +143,10 @@ class DeliveryResource(ConfigurableResource):
         jobs (a run of another job is a Materialize click)."""
         pipeline = self.cdc.load()
         sink = pipeline.sink(sink_name)
-        bounds = _bounds(context, config, pipeline, sink, own_jobs)
+        bounds = run_bounds(context, own_jobs, config.max_seconds or pipeline.delivery.run_minutes * 60,
+                            config.until_idle, lambda: delivery_elsewhere(context, pipeline, sink, own_jobs),
+                            f"sink {sink.name} is already being delivered", f"no delivery of {sink.name} runs",
+                            "the cdc_delivery_sensor keeps the long-lived delivery runs")
         if bounds is None:
             return
         spark = self.pyspark.session(pipeline)  # before a successor waits: it takes over warm, without a gap
@@ -162,23 +165,6 @@ class DeliveryResource(ConfigurableResource):
                 lambda exc: context.log.warning(f"could not read sink {sink.name}'s figures: {exc}"),
                 lambda result: context.log.info(_stopped(sink.name, result)))
         yield from report.final(stats, config.dry_run)
-
-
-def _bounds(context: AssetExecutionContext, config: DeliveryRunConfig, pipeline: PipelineConfig,
-            sink: SinkConfig, own_jobs: Sequence[str]) -> tuple[float, bool] | None:
-    """(seconds, until_idle) of this run, or None when it is a Materialize click while the sink is being
-    delivered elsewhere (never a second stream: defs/materialize.py)."""
-    seconds = config.max_seconds or pipeline.delivery.run_minutes * 60
-    if not clicked(context, own_jobs):
-        return seconds, config.until_idle
-    elsewhere = delivery_elsewhere(context, pipeline, sink, own_jobs)
-    if elsewhere is not None:
-        context.log.info(f"sink {sink.name} is already being delivered ({elsewhere}): nothing to do, this run ends")
-        return None
-    seconds = min(seconds, CATCH_UP_SECONDS)
-    context.log.info(f"no delivery of {sink.name} runs: catching up until idle (at most {seconds:.0f} s); "
-                     "the cdc_delivery_sensor keeps the long-lived delivery runs")
-    return seconds, True
 
 
 def parked_line(sink: str, figures: dict[str, Any]) -> str:

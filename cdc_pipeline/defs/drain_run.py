@@ -27,7 +27,7 @@ from cdc_pipeline.config import PipelineConfig
 from cdc_pipeline.core.positions import Position, lsn_text, position_lsn_text
 from cdc_pipeline.defs.handover import Handover
 from cdc_pipeline.defs.health import SLOT_LAG_CHECK, log_head, log_rows, slot_check, slot_figures
-from cdc_pipeline.defs.materialize import CATCH_UP_SECONDS, clicked, drain_elsewhere
+from cdc_pipeline.defs.materialize import drain_elsewhere, run_bounds
 from cdc_pipeline.defs.pacing import CheckGate, LogPace
 from cdc_pipeline.defs.resources import CdcConfigResource
 from cdc_pipeline.defs.run_metrics import run_metrics
@@ -105,7 +105,10 @@ class DrainResource(ConfigurableResource):
                sources: Sequence[AssetKey]) -> Iterator[Any]:
         """The run: `tables` are the log's source tables, `sources` their assets' keys."""
         pipeline = self.cdc.load()
-        bounds = _bounds(context, config, pipeline)
+        bounds = run_bounds(context, [DRAIN_JOB], config.max_seconds or pipeline.drain.run_minutes * 60,
+                            config.until_idle, lambda: drain_elsewhere(context, pipeline, [DRAIN_JOB]),
+                            "the drain already streams", "no drain streams",
+                            "the cdc_drain_sensor keeps the long-lived drain run")
         if bounds is None:
             return
         wait_for_predecessor(context, context.log)
@@ -120,23 +123,6 @@ class DrainResource(ConfigurableResource):
                 lambda result: context.log.info(_stopped(result)))
         context.log.info(f"drained {stats.changes} changes ({stats.rate:.0f}/s) in {stats.seconds:.0f} s")
         yield from report.final(stats)
-
-
-def _bounds(context: AssetExecutionContext, config: DrainRunConfig, pipeline: PipelineConfig
-            ) -> tuple[float, bool] | None:
-    """(seconds, until_idle) of this run, or None when it is a Materialize click while the drain streams
-    elsewhere (never a second stream: defs/materialize.py)."""
-    seconds = config.max_seconds or pipeline.drain.run_minutes * 60
-    if not clicked(context, [DRAIN_JOB]):
-        return seconds, config.until_idle
-    elsewhere = drain_elsewhere(context, pipeline, [DRAIN_JOB])
-    if elsewhere is not None:
-        context.log.info(f"the drain already streams ({elsewhere}): nothing to do, this run ends")
-        return None
-    seconds = min(seconds, CATCH_UP_SECONDS)
-    context.log.info(f"no drain streams: catching up until idle (at most {seconds:.0f} s); the "
-                     "cdc_drain_sensor keeps the long-lived drain run")
-    return seconds, True
 
 
 def _stopped(result: Any) -> str:

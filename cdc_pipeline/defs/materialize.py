@@ -13,7 +13,7 @@ so that it is safe on every asset:
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
 from dagster import AssetKey, DagsterRunStatus, RunsFilter
@@ -37,6 +37,22 @@ def clicked(context: Any, own_jobs: Collection[str]) -> bool:
     if context.run.tags.get(MAX_RETRIES_TAG) != "0":
         context.instance.add_run_tags(context.run_id, NO_RUN_RETRIES)
     return True
+
+
+def run_bounds(context: Any, own_jobs: Collection[str], seconds: float, until_idle: bool,
+               elsewhere: Callable[[], str | None], busy: str, idle: str, keeper: str) -> tuple[float, bool] | None:
+    """(seconds, until_idle) of a streaming asset's run: as configured for a run of its own job; for a
+    Materialize click, None when its stream runs `elsewhere()` (logging `busy` and where), else a bounded
+    catch-up (logging `idle`, and `keeper`: who keeps the long-lived runs)."""
+    if not clicked(context, own_jobs):
+        return seconds, until_idle
+    where = elsewhere()
+    if where is not None:
+        context.log.info(f"{busy} ({where}): nothing to do, this run ends")
+        return None
+    seconds = min(seconds, CATCH_UP_SECONDS)
+    context.log.info(f"{idle}: catching up until idle (at most {seconds:.0f} s); {keeper}")
+    return seconds, True
 
 
 def _locked(pipeline: PipelineConfig, names: list[str]) -> bool:
