@@ -6,8 +6,8 @@ msgs/s against the real local servers.
     python bench/sinks.py --receiver http.server # webhook against a threaded http.server instead
     python bench/sinks.py --sinks kafka          # against a Tansu broker started on a free port
 
-Batches are what the delivery engine hands a sink (default 20,000 per deliver() call); the webhook
-sink splits them into chunks of --webhook-chunk (default 1,000). The webhook receiver runs in its own
+Batches are what the delivery engine hands a sink (default 20,000 per deliver() call); the scheduler cuts
+them into webhook requests of --webhook-chunk (default 1,000: the sink's `batch_size`). The webhook receiver runs in its own
 process (asyncio: parses Content-Length, answers 200 at once), so it does not share the client's GIL.
 Every message must be acknowledged, else the run fails. Targets: redis and nats >= 50,000 msgs/s
 ungrouped; webhook >= 20,000 msgs/s in chunks of 1,000.
@@ -39,7 +39,7 @@ from cdc_pipeline.config import (  # noqa: E402 (after the path set-up, so it ru
     RedisStreamDestination,
     WebhookDestination,
 )
-from cdc_pipeline.delivery.schedule.dispatch import deliver_in_order  # noqa: E402
+from cdc_pipeline.delivery.schedule.dispatch import Dispatch  # noqa: E402
 from cdc_pipeline.sinks import build_sink  # noqa: E402
 from cdc_pipeline.sinks.base import OutboundMessage, Sink  # noqa: E402
 
@@ -220,15 +220,17 @@ def kafka_dest() -> Iterator[Any]:
 @contextmanager
 def webhook_dest(kind: str, chunk: int) -> Iterator[Any]:
     with receiver(kind) as port:
-        yield WebhookDestination(url=f"http://127.0.0.1:{port}/hook", batch_size=chunk)
+        yield WebhookDestination(url=f"http://127.0.0.1:{port}/hook")
 
 
-def run(sink: Sink, batch: list[OutboundMessage], per_call: int) -> float:
-    deliver_in_order(sink, batch[:1000])  # warm-up: connections, JIT-free but caches and pools
+def run(sink: Sink, batch: list[OutboundMessage], per_call: int, chunk: int) -> float:
+    limits = sink.limits()
+    dispatch = Dispatch(sink, limits._replace(batch_size=chunk) if limits.batch_size else limits)
+    dispatch(batch[:1000])  # warm-up: connections, JIT-free but caches and pools
     started = time.perf_counter()
     for i in range(0, len(batch), per_call):
         part = batch[i:i + per_call]
-        results = deliver_in_order(sink, part)  # the engine's path: rounds for sinks that pipeline
+        results = dispatch(part)  # the engine's path: rounds for sinks that pipeline, requests of `chunk`
         failed = [r for r in results if r is not None]
         if failed:
             raise SystemExit(f"{sink.name}: {len(failed)} messages failed, e.g. {failed[0]}")
@@ -266,7 +268,7 @@ def main() -> None:
             sink = build_sink(SimpleNamespace(name=f"bench_{name}", destination=dest), environ={})
             with sink:
                 sink.context.describe = orders_shape  # what the engine gives: the source table's shape
-                seconds = run(sink, batch, args.batch)
+                seconds = run(sink, batch, args.batch, args.webhook_chunk)
         rate = len(batch) / seconds
         target = (GROUPED_TARGETS if args.grouped else TARGETS).get(name)
         verdict = "" if target is None else (f">={target // 1000}k ok" if rate >= target else f"<{target // 1000}k!")

@@ -158,8 +158,9 @@ def end_to_end(args: argparse.Namespace, base: str) -> list[tuple[str, ...]]:
                     sink = {"name": f"hook_{label}_{chunk}" + (f"_lanes{lanes}" if lanes > 1 else ""),
                             "tables": ["public.items"], "message_grouping": grouped, "lanes": lanes,
                             "destination": dest}
-                    # The sink's own batch_size (Sequin's place for it: a call of that many messages, one
-                    # request each) or the webhook's (messages per request within a call).
+                    # The sink's own batch_size (Sequin's place for it: a request of that many messages) or the
+                    # webhook's (its deprecated alias, the same since the one scheduler; before, messages per
+                    # request within a call of the sink's).
                     (sink if args.sink_batch else dest)["batch_size"] = chunk
                     sinks.append(sink)
         cfg = write_config(work / "cdc.yaml", {
@@ -218,13 +219,14 @@ def sink_only(args: argparse.Namespace, base: str) -> list[tuple[str, ...]]:
                                     "ver": i // args.groups}, "metadata": {"idempotency_key": f"{1000 + i}:{i}"}}
                                     ).encode()) for i in range(n)]
             extra = {"max_in_flight": args.max_in_flight} if args.max_in_flight else {}
-            dest = WebhookDestination(url=f"{base}/hook", batch_size=chunk, **extra)
+            dest = WebhookDestination(url=f"{base}/hook", **extra)
             sink = build_sink(SimpleNamespace(name="bench", destination=dest), environ={})
+            limits = sink.limits()._replace(batch_size=chunk, **extra)
             _call(base, "POST", "/reset")
             busy = cpu_busy(1.0)
             with sink:
                 t0 = time.perf_counter()
-                results = deliver_in_order(sink, msgs)
+                results = deliver_in_order(sink, msgs, limits=limits)
                 seconds = time.perf_counter() - t0
             s = _call(base, "GET", "/stats")
             ok = all(r is None for r in results) and s["distinct"] == n and (s["backwards"] == 0 or not grouped)

@@ -18,6 +18,9 @@ SLOT_RE = re.compile(r"^[a-z0-9_]{1,63}$")
 SINK_NAME_RE = re.compile(r"^[A-Za-z0-9_\-]{1,63}$")
 CALLABLE_RE = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# A destination's own `batch_size` / `max_in_flight`, from before they were the sink's (config/sinks.py folds them).
+ALIAS = ("Deprecated alias of the sink's `{key}` (still read, with a warning; when both are set this one is "
+         "used): move it up to the sink.")
 HEADER_NAME_RE = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 
 

@@ -15,6 +15,7 @@ from pydantic import (
 from cdc_pipeline.config.error_lines import validation_lines
 from cdc_pipeline.config.errors import ConfigError, Loc, format_loc, kind_of, redact
 from cdc_pipeline.config.models import PipelineConfig
+from cdc_pipeline.config.sinks import ALIASED_KEYS
 
 CONFIG_ENV_VAR = "CDC_CONFIG"
 # Keys still accepted (configs in use carry them) that nothing reads any more: a warning at load says so.
@@ -81,6 +82,11 @@ def _warn_deprecated(config: PipelineConfig, source: str) -> None:
             # FutureWarning: the category Python shows by default, meant for the people writing the config.
             warnings.warn(f"{source}: {section}.{key} is deprecated and has no effect; remove it",
                           FutureWarning, stacklevel=4)
+    for i, sink in enumerate(config.sinks):
+        for key in ALIASED_KEYS:
+            if getattr(sink.destination, key, None) is not None:
+                warnings.warn(f"{source}: sinks[{i}].destination.{key} is deprecated: it is the sink's {key} "
+                              f"(sinks[{i}].{key}); move it up", FutureWarning, stacklevel=4)
 
 
 def _raise_lines(source: str, problems: Sequence[tuple[Loc, str]]) -> NoReturn:

@@ -134,8 +134,9 @@ class DrainConfig(StrictModel):
 
 
 class DeliveryConfig(StrictModel):
-    batch_size: int = Field(default=20000, gt=0, description="Messages per delivery micro-batch: log rows per "
-                            "call to a sink, each call settled on its own (a sink's own `batch_size` overrides it). "
+    batch_size: int = Field(default=20000, gt=0, description="Messages per call to a sink whose type declares no "
+                            "`batch_size` of its own (the sink's `batch_size` overrides it): log rows per call, each "
+                            "settled on its own; for a sink whose calls are requests, the most log rows settled together. "
                             "The log is read and staged in blocks of at least 1,000 rows whatever the size.")
     batch_bytes: int = Field(default=64 * 1024 * 1024, gt=0, description="A batch also ends once its messages "
                              "hold this many bytes of record and changes JSON (at least one message per batch).")

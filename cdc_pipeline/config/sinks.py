@@ -30,6 +30,8 @@ class BackoffConfig(StrictModel):
         return self
 
 
+ALIASED_KEYS = ("batch_size", "max_in_flight")  # under `destination:` for some types, before they were the sink's
+
 Action = Literal["insert", "update", "delete"]
 
 
@@ -78,10 +80,15 @@ class SinkConfig(StrictModel):
     max_retries: int | None = Field(default=None, ge=0, description="Retries of a parked message before it is "
                                     "discarded; null: retry forever.")
     backoff: BackoffConfig = Field(default_factory=BackoffConfig, description="Retry delays of parked messages.")
-    batch_size: int | None = Field(default=None, gt=0, description="Messages per delivery batch for this sink "
-                                   "(log rows per call: a webhook request at most, a transaction); default: "
-                                   "`delivery.batch_size`. A sink that takes several calls at once (a webhook: up "
-                                   "to `max_in_flight`) has them out together, across micro-batches.")
+    batch_size: int | None = Field(default=None, gt=0, description="Messages per call to the sink: a webhook "
+                                   "request, an SQS batch, a transaction, a run of publishes. Default: the destination "
+                                   "type's own (webhook 1000, typesense 100, sqs and sns 10, kinesis 500), else "
+                                   "`delivery.batch_size`. Replaces `destination.batch_size` (a deprecated alias).")
+    max_in_flight: int | None = Field(default=None, ge=1, le=10000, description="Calls out at once (a group's next "
+                                      "message only after its previous one's outcome): only for the types whose "
+                                      "calls are requests (webhook, default 100; sqs, sns, kinesis, 10; typesense, "
+                                      "4); the others take one call at a time. Replaces `destination.max_in_flight` "
+                                      "(a deprecated alias).")
     lanes: int = Field(default=1, ge=1, le=MAX_LANES, description="Delivery lanes: the sink's messages split by a "
                        "stable hash of their group, each lane with its own offset, parked messages and process "
                        "(`deliver --sink S --lane I`, or a Dagster run per lane). Changing it is safe at any time.")
@@ -155,6 +162,22 @@ class SinkConfig(StrictModel):
             f"(got {kind_of(value)})"
         )
 
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fold_aliases(cls, data: Any) -> Any:
+        """`destination.batch_size` / `destination.max_in_flight` (deprecated; loading warns) are the sink's."""
+        dest = data.get("destination") if isinstance(data, Mapping) else None
+        if not isinstance(dest, Mapping) or not any(key in dest for key in ALIASED_KEYS):
+            return data
+        return {**data, **{key: dest[key] for key in ALIASED_KEYS if dest.get(key) is not None}}
+
+    @model_validator(mode="after")
+    def _check_in_flight(self) -> "SinkConfig":
+        if (self.max_in_flight or 1) > 1 and "max_in_flight" not in type(self.destination).model_fields:
+            fail((("max_in_flight",), f"a {self.destination.type} sink takes one call at a time (got "
+                  f"{self.max_in_flight}): remove the key"))
+        return self
 
     @model_validator(mode="after")
     def _check_route(self) -> "SinkConfig":

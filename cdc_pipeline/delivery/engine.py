@@ -32,7 +32,8 @@ from cdc_pipeline.delivery.plan import SinkPlan
 from cdc_pipeline.delivery.reader import Blocks, Reader
 from cdc_pipeline.delivery.relay import Relay
 from cdc_pipeline.delivery.run_pass import AGAIN, SEND, STOP, Pass
-from cdc_pipeline.delivery.schedule.dispatch import deliver_in_order
+from cdc_pipeline.delivery.schedule.dispatch import Dispatch
+from cdc_pipeline.delivery.schedule.limits import resolve as resolve_limits
 from cdc_pipeline.delivery.schedule.settle import Settler
 from cdc_pipeline.delivery.schedule.window import CallWindow
 from cdc_pipeline.delivery.source_tables import SourceTables
@@ -78,11 +79,11 @@ class Deliverer:
         if sink is not None:  # built elsewhere (Dagster's sinks resource, a test): handed the context now
             sink.context = self.context
         self.sink = sink or build_sink(sink_config, context=self.context)
-        self.limits = self.sink.limits()  # what the sink takes at once
-        self.batch_size = sink_config.batch_size or config.delivery.batch_size  # log rows per call to the sink
+        self.limits, self.batch_size = resolve_limits(config, sink_config, self.sink)  # at once; rows a call
         self.enricher = (Enricher(config.source.dsn, sink_config.enrichment, tables.primary_key)
                          if sink_config.enrichment else None)  # enrichment.py
         self._stop = threading.Event()
+        self.dispatch = Dispatch(self.sink, self.limits, self._stop)  # schedule/dispatch.py
         self.lane = parts.lane(sink_config.name, lane, sink_config.lanes, store, self._stop)  # lane_keeper.py
         self._live = Liveness()  # which failures are the destination's rather than a message's (outage.py)
         self.stats: DeliveryStats | None = None
@@ -190,10 +191,9 @@ class Deliverer:
         return AGAIN
 
     def send(self, messages: Sequence[OutboundMessage], kept_back: Position | None = None) -> list[str | None]:
-        """Per message: None (delivered), its error, or held behind its group's failure (schedule/order.py). Called
-        from the window's threads too: the destination's liveness is noted as the results come."""
+        """Per message: None, its error or HELD (schedule/); from the window's threads too, liveness noted."""
         if not messages:
             return []
-        results = deliver_in_order(self.sink, messages, kept_back)
+        results = self.dispatch(messages, kept_back)
         self._live.saw(results)
         return results

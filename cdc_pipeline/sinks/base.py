@@ -15,9 +15,8 @@ Contract (what the delivery engine relies on):
   group never reaches the destination past its failed message. A sink that pipelines (sends before the
   earlier messages are acknowledged) declares `Limits(ordered=False)`: the engine then hands it at most one
   message per group per call, so a group's next message goes out only after the previous one was acknowledged.
-  A sink may also keep many requests of one call in flight itself, as long as a group's later message
-  waits for its earlier one's acknowledgement and is reported NOT_SENT once an earlier one was not
-  acknowledged (the webhook's window, sinks/window.py): it does not pipeline, so its calls are `ordered`.
+  A sink never keeps calls in flight of its own: the scheduler has up to its `max_in_flight` calls out (a
+  sink whose calls are requests on its event loop: sinks/request_sink.py), each of at most its `batch_size`.
   What a sink did deliver past its group's failure is parked behind it by the engine all the same, and
   redelivered after it (a duplicate the idempotency key identifies).
 * `SinkUnavailable` is raised (by `open()` or `deliver()`) when the destination as a whole cannot be
@@ -117,11 +116,13 @@ class SinkConfigLike(Protocol):
 
 
 class Limits(NamedTuple):
-    """What a sink takes at once; the scheduler (delivery/schedule/) keeps within it."""
+    """What a sink takes at once: its defaults, which the sink's `batch_size` and `max_in_flight` keys override;
+    the scheduler (delivery/schedule/) keeps within them."""
 
-    # `deliver` calls out at once, from as many threads, across micro-batches (delivery/schedule/window.py).
-    # More than 1 only for a sink whose `deliver` is thread-safe, that bounds its requests across calls
-    # itself, and that has no `own_position`.
+    # Messages per call (a request, a transaction, a run of publishes); None: `delivery.batch_size`.
+    batch_size: int | None = None
+    # Calls out at once, across micro-batches (delivery/schedule/). More than 1 only for a sink whose calls
+    # are requests on its own event loop (sinks/request_sink.py), which has no `own_position`.
     max_in_flight: int = 1
     # A call keeps order within each group (it sends one after another, or stops at a failure). False: it
     # pipelines (sends before earlier messages are acknowledged), so it is handed at most one message per

@@ -2,14 +2,11 @@
 PutRecords of 500, Typesense imports): a pure plan, no I/O.
 
 * A message larger than the destination takes is refused before anything is sent: that message's own
-  failure (parked with a clear error), and its group's later messages of the call are not sent.
-* A request holds at most one message per group, and a group's messages go in successive requests: the
-  window (sinks/window.py) sends a request only after the previous one holding any of its groups was
-  acknowledged. None of these services promises what becomes of a group's later entry when an earlier
-  one of the same request fails (Kinesis keeps order only within a call's successful prefix), so a
-  group's next message never travels beside its previous one.
-* Requests stay within the destination's count and byte limits; ungrouped messages go wherever there is
-  room.
+  failure (parked with a clear error; the scheduler holds its group's later messages behind it).
+* Requests stay within the destination's count and byte limits, in the call's order. A call holds at most
+  one message per group (the scheduler's, delivery/schedule/: these sinks' calls are not `ordered`; none of
+  these services promises what becomes of a group's later entry when an earlier one of the same request
+  fails), so where each message goes is free.
 """
 
 from __future__ import annotations
@@ -17,8 +14,6 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-
-from cdc_pipeline.sinks.base import NOT_SENT
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,28 +26,21 @@ class RequestLimits:
 
 @dataclass(slots=True)
 class Plan:
-    requests: list[list[int]] = field(default_factory=list)  # message indexes, in batch order per request
-    refused: dict[int, str] = field(default_factory=dict)  # index -> why it was not sent (error or NOT_SENT)
+    requests: list[list[int]] = field(default_factory=list)  # message indexes, in call order per request
+    refused: dict[int, str] = field(default_factory=dict)  # index -> why it was not sent
 
 
-def plan_requests(groups: Sequence[str | None], sizes: Sequence[int | str], limits: RequestLimits) -> Plan:
-    """Cut messages (their groups and encoded sizes, in batch order) into requests (see the module doc).
-    A size that is a string is that message's own error, found while encoding it (a refused route)."""
+def plan_requests(sizes: Sequence[int | str], limits: RequestLimits) -> Plan:
+    """Cut messages (their encoded sizes, in call order) into requests (see the module doc). A size that is a
+    string is that message's own error, found while encoding it (a refused route)."""
     plan = Plan()
     used: list[int] = []  # bytes of each request
-    after: dict[str, int] = {}  # a group's next message goes in a request after this index
-    stopped: set[str] = set()
     cursor = 0  # requests before it are full
-    for i, (group, size) in enumerate(zip(groups, sizes, strict=True)):
-        if group is not None and group in stopped:
-            plan.refused[i] = NOT_SENT
-            continue
+    for i, size in enumerate(sizes):
         if isinstance(size, str) or size > limits.max_entry_bytes:
             plan.refused[i] = size if isinstance(size, str) else too_large(size, limits)
-            if group is not None:
-                stopped.add(group)
             continue
-        at = max(cursor, after.get(group, -1) + 1) if group is not None else cursor
+        at = cursor
         while at < len(plan.requests) and not _fits(plan.requests[at], used[at], size, limits):
             at += 1
         if at == len(plan.requests):
@@ -60,8 +48,6 @@ def plan_requests(groups: Sequence[str | None], sizes: Sequence[int | str], limi
             used.append(0)
         plan.requests[at].append(i)
         used[at] += size
-        if group is not None:
-            after[group] = at
         while cursor < len(plan.requests) and len(plan.requests[cursor]) >= limits.max_entries:
             cursor += 1
     return plan

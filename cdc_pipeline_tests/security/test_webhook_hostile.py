@@ -18,6 +18,7 @@ from cdc_pipeline.sinks import build_sink
 from cdc_pipeline.sinks.http_guard import MAX_ERROR_BODY
 from cdc_pipeline_tests.helpers import wait_until
 from cdc_pipeline_tests.integration.sinks.test_sinks_brokers import messages
+from cdc_pipeline_tests.scheduled import scheduled
 
 Handler = Callable[[socket.socket, bytes], None]
 
@@ -81,7 +82,7 @@ def server() -> Iterator[Callable[[Handler], RawServer]]:
 
 def webhook(url: str, **kw: object):
     config = SimpleNamespace(name="hook", destination=WebhookDestination(url=url, **kw))
-    return build_sink(config, environ={"HOOK_SECRET": "hmac-s3cret-value"})
+    return scheduled(build_sink(config, environ={"HOOK_SECRET": "hmac-s3cret-value"}), config.destination)
 
 
 def test_echoed_secrets_are_masked_and_controls_escaped(server) -> None:

@@ -1,6 +1,6 @@
 """The pure plan of batch requests (sinks/batch_plan.py): every message in one request or refused, limits
-kept, at most one message per group per request, a group's messages in successive requests in batch order,
-a too-large message refused with its group's later messages not sent."""
+kept, call order kept, a too-large message (or one refused while encoding) refused alone. (A call holds at
+most one message per group: the scheduler's, tested in test_call_window.py.)"""
 
 from __future__ import annotations
 
@@ -8,52 +8,36 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cdc_pipeline.sinks.aws.names import FIFO_ID_CHARS, dedup_id, fifo_group_id, partition_key, route_problem
-from cdc_pipeline.sinks.base import NOT_SENT
 from cdc_pipeline.sinks.batch_plan import RequestLimits, bounded_id, plan_requests
 
 LIMITS = RequestLimits(max_entries=4, max_request_bytes=100, max_entry_bytes=60, what="test entry")
 
-batches = st.lists(st.tuples(st.one_of(st.none(), st.sampled_from("abcde")), st.integers(1, 70)), max_size=60)
-
 
 @settings(max_examples=300, deadline=None)
-@given(batches)
-def test_plan_keeps_limits_and_group_order(batch: list[tuple[str | None, int]]) -> None:
-    groups, sizes = [g for g, _ in batch], [s for _, s in batch]
-    plan = plan_requests(groups, sizes, LIMITS)
+@given(st.lists(st.integers(1, 70), max_size=60))
+def test_plan_keeps_limits_and_order(sizes: list[int]) -> None:
+    plan = plan_requests(sizes, LIMITS)
     placed = [i for r in plan.requests for i in r]
-    assert sorted(placed + list(plan.refused)) == list(range(len(batch)))  # each once
+    assert sorted(placed + list(plan.refused)) == list(range(len(sizes)))  # each once
     assert all(r for r in plan.requests)
-    where = {i: n for n, r in enumerate(plan.requests) for i in r}
     for request in plan.requests:
         assert len(request) <= LIMITS.max_entries and sum(sizes[i] for i in request) <= LIMITS.max_request_bytes
-        own = [groups[i] for i in request if groups[i] is not None]
-        assert len(own) == len(set(own))  # at most one message per group
         assert request == sorted(request)
-    stopped: set[str] = set()
-    last: dict[str, int] = {}
-    for i, (g, size) in enumerate(batch):
-        if g is not None and g in stopped:
-            assert plan.refused[i] is NOT_SENT
-        elif size > LIMITS.max_entry_bytes:
+    for i, size in enumerate(sizes):
+        if size > LIMITS.max_entry_bytes:
             assert "too large" in plan.refused[i] and f"{size} bytes" in plan.refused[i] and "60" in plan.refused[i]
-            if g is not None:
-                stopped.add(g)
         else:
-            assert i in where
-            if g is not None:
-                assert where[i] > last.get(g, -1)  # a group's next message in a later request
-                last[g] = where[i]
+            assert i in placed
 
 
-def test_a_message_refused_while_encoding_stops_its_group() -> None:
-    plan = plan_requests(["a", "b", "a", "b"], ["bad route", 5, 5, 5], LIMITS)
-    assert plan.refused == {0: "bad route", 2: NOT_SENT}
-    assert plan.requests == [[1], [3]]
+def test_a_message_refused_while_encoding_fails_alone() -> None:
+    plan = plan_requests(["bad route", 5, 5, 5], LIMITS)
+    assert plan.refused == {0: "bad route"}
+    assert plan.requests == [[1, 2, 3]]
 
 
-def test_ungrouped_fill_requests() -> None:
-    assert plan_requests([None] * 9, [10] * 9, LIMITS).requests == [[0, 1, 2, 3], [4, 5, 6, 7], [8]]
+def test_requests_fill_in_order() -> None:
+    assert plan_requests([10] * 9, LIMITS).requests == [[0, 1, 2, 3], [4, 5, 6, 7], [8]]
 
 
 @given(st.text(max_size=300))

@@ -1,24 +1,38 @@
-"""The engine's window across micro-batches (delivery/schedule/calls.py, delivery/schedule/window.py): a block cut into
-calls loses and moves nothing; calls out at once from many threads hand each group to the sink exactly as a
-call-at-a-time engine would, never a group's message before its earlier one's outcome is known, never past
-its failure; calls settle in order. The sink here is an in-memory destination with latency and poison keys."""
+"""The scheduler's property (delivery/schedule/: calls.py, window.py, dispatch.py, requests.py): a block cut into
+calls loses and moves nothing; calls out at once from many threads, and a request sink's requests out at once on
+its event loop (cut to its `batch_size`, up to its `max_in_flight`), hand each group to the sink exactly as a
+call-at-a-time engine would, never a group's message before its earlier one's outcome is known, never past its
+failure; a sink whose calls are not `ordered` never gets two messages of a group in one call; calls settle in
+order. The sink here is an in-memory destination with latency and poison keys."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 import threading
 import time
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cdc_pipeline.delivery.schedule.calls import Call, cut
-from cdc_pipeline.delivery.schedule.dispatch import deliver_in_order
+from cdc_pipeline.delivery.schedule.dispatch import Dispatch, deliver_in_order
 from cdc_pipeline.delivery.schedule.order import HELD, position_of
+from cdc_pipeline.delivery.schedule.requests import Requests, Stopped
 from cdc_pipeline.delivery.schedule.window import CallWindow
-from cdc_pipeline.sinks.base import NOT_SENT, OutboundMessage, Sink
+from cdc_pipeline.sinks.base import (
+    NOT_SENT,
+    EventLoopThread,
+    Limits,
+    OutboundMessage,
+    Sink,
+    SinkUnavailable,
+    Unreachable,
+)
+from cdc_pipeline.sinks.request_sink import RequestSink, Sent
 
 T0 = datetime(2026, 11, 26)
 
@@ -66,6 +80,10 @@ class Destination(Sink):
         self.ended: dict[str, int] = {}  # key -> tick its call ended
         self.out = 0
         self.peak = 0
+        self.ordered = True
+
+    def limits(self) -> Limits:
+        return Limits(ordered=self.ordered)
 
     def tick(self) -> int:
         with self.lock:
@@ -73,12 +91,21 @@ class Destination(Sink):
             return self.clock
 
     def deliver(self, batch: Sequence[OutboundMessage]) -> list[str | None]:
+        began, pause = self.begin()
+        time.sleep(pause)  # the destination's latency: calls overlap and finish in any order
+        return self.end(batch, began)
+
+    def begin(self) -> tuple[int, float]:
         began = self.tick()
         with self.lock:
             self.out += 1
             self.peak = max(self.peak, self.out)
-            pause = self.random.random() * 0.002
-        time.sleep(pause)  # the destination's latency: calls overlap and finish in any order
+            return began, self.random.random() * 0.002
+
+    def end(self, batch: Sequence[OutboundMessage], began: int) -> list[str | None]:
+        if not self.ordered:  # a call that is not `ordered` holds one message per group at most
+            own = [m.group for m in batch if m.group is not None]
+            assert len(own) == len(set(own)), own
         results: list[str | None] = []
         for m in batch:
             if any(r is not None for r in results):
@@ -96,11 +123,40 @@ class Destination(Sink):
         return results
 
 
-def run_window(calls: list[Call], width: int, parked: set[str | None], poison: set[str], seed: int
-               ) -> tuple[Destination, list[Call], dict[str, str | None]]:
-    """Drive the window as the engine's loop does; the calls settled in order and each message's outcome."""
+class Requested(RequestSink):
+    """The destination taking requests on an event loop, as a webhook or SQS does (sinks/request_sink.py)."""
+
+    name = "requests"
+
+    def __init__(self, destination: Destination) -> None:
+        self.destination = destination
+        self._runner: EventLoopThread | None = None
+
+    def loop(self) -> EventLoopThread:
+        if self._runner is None:
+            self._runner = EventLoopThread("test-requests")
+        return self._runner
+
+    async def send(self, batch: Sequence[OutboundMessage]) -> Sent:
+        began, pause = self.destination.begin()
+        await asyncio.sleep(pause)
+        return Sent(self.destination.end(batch, began))
+
+    def close(self) -> None:
+        if self._runner is not None:
+            self._runner.stop()
+
+
+def run_window(calls: list[Call], width: int, parked: set[str | None], poison: set[str], seed: int,
+               kind: str = "calls", batch_size: int = 1) -> tuple[Destination, list[Call], dict[str, str | None]]:
+    """Drive the window as the engine's loop does; the calls settled in order and each message's outcome. `kind`:
+    "calls" (a sink taking `width` calls at once), "unordered" (the same, its calls not `ordered`), "requests"
+    (a request sink: `width` requests of `batch_size` out at once, and as many calls)."""
     sink = Destination(poison, seed)
-    window = CallWindow(lambda msgs, kept: deliver_in_order(sink, msgs, kept) if msgs else [], width, 10_000)
+    sink.ordered = kind != "unordered"
+    target: Sink = Requested(sink) if kind == "requests" else sink
+    dispatch = Dispatch(target, Limits(batch_size, width, sink.ordered))
+    window = CallWindow(lambda msgs, kept: dispatch(msgs, kept) if msgs else [], width, 10_000)
     window.reset(parked)
     settled = []
     try:
@@ -113,6 +169,7 @@ def run_window(calls: list[Call], width: int, parked: set[str | None], poison: s
             settled += window.settled(block=True)
     finally:
         window.close()
+        target.close()
     outcome: dict[str, str | None] = {}
     for o in settled:
         part = o.outcome()
@@ -127,9 +184,11 @@ calls_of = st.lists(st.lists(st.sampled_from([None, "a", "b", "c", "d", "e", "f"
 
 @settings(max_examples=150, deadline=None)
 @given(groups=calls_of, width=st.sampled_from([2, 3, 8, 100]), seed=st.integers(0, 2**32),
-       poison_rate=st.sampled_from([0.0, 0.1, 0.3]), parked=st.sets(st.sampled_from(["a", "f"])))
+       poison_rate=st.sampled_from([0.0, 0.1, 0.3]), parked=st.sets(st.sampled_from(["a", "f"])),
+       kind=st.sampled_from(["calls", "unordered", "requests"]), batch_size=st.integers(1, 4))
 def test_many_calls_out_hand_each_group_over_as_one_call_at_a_time_would(
-        groups: list[list[str | None]], width: int, seed: int, poison_rate: float, parked: set[str]) -> None:
+        groups: list[list[str | None]], width: int, seed: int, poison_rate: float, parked: set[str], kind: str,
+        batch_size: int) -> None:
     rnd = random.Random(seed)
     calls: list[Call] = []
     lsn = 1000
@@ -140,7 +199,7 @@ def test_many_calls_out_hand_each_group_over_as_one_call_at_a_time_would(
         assert i == len(calls) - 1
     poison = {m.key for c in calls for m in c.messages if rnd.random() < poison_rate}
 
-    sink, settled, outcome = run_window(calls, width, set(parked), poison, seed)
+    sink, settled, outcome = run_window(calls, width, set(parked), poison, seed, kind, batch_size)
     serial_sink, _, serial_outcome = run_window(calls, 1, set(parked), poison, seed)
 
     assert settled == calls  # every call settled, in order
@@ -227,3 +286,56 @@ def test_the_window_fills_with_calls_of_other_groups() -> None:
     assert [o.call for o in done] == calls
     assert len(sink.sent) == 40
     assert sink.peak <= 8
+
+
+class Flaky(RequestSink):
+    """Requests that say the destination is down for the keys in `down` (at once), acknowledge the rest later."""
+
+    name = "flaky"
+
+    def __init__(self, down: set[str], gate: threading.Event | None = None) -> None:
+        self.down, self.gate, self.sent = down, gate, []
+        self._runner = EventLoopThread("test-flaky")
+
+    def loop(self) -> EventLoopThread:
+        return self._runner
+
+    async def send(self, batch: Sequence[OutboundMessage]) -> Sent:
+        self.sent += [m.key for m in batch]
+        if any(m.key in self.down for m in batch):
+            return Sent([Unreachable("503")] * len(batch), "endpoint answered 503")
+        await asyncio.sleep(0.01)
+        if self.gate is not None:
+            self.gate.set()  # a request went out: the test stops the run now
+            await asyncio.sleep(0.05)
+        return Sent([None] * len(batch))
+
+    def close(self) -> None:
+        self._runner.stop()
+
+
+def test_a_request_saying_down_beside_acknowledged_ones_fails_alone_and_a_down_destination_stops_the_call() -> None:
+    batch = [message((3000 + i, 0), f"g{i}") for i in range(40)]
+    sink = Flaky({batch[5].key})
+    try:
+        results = Requests(sink, 1, 8).deliver(batch)  # the others out beside it were acknowledged after it
+        assert results[5] == "503" and all(r is None for i, r in enumerate(results) if i != 5)
+        sink.down = {m.key for m in batch}
+        sink.sent = []
+        with pytest.raises(SinkUnavailable, match="503"):
+            Requests(sink, 1, 8).deliver(batch)
+        assert len(sink.sent) <= 8  # what was out when it said so; nothing after
+    finally:
+        sink.close()
+
+
+def test_a_stopping_run_sends_no_more_requests_of_a_call() -> None:
+    batch = [message((4000 + i, 0), f"g{i}") for i in range(40)]
+    stop = threading.Event()
+    sink = Flaky(set(), stop)
+    try:
+        with pytest.raises(Stopped):
+            Requests(sink, 1, 4, stop).deliver(batch)
+        assert len(sink.sent) <= 4  # the requests out when it stopped finish; no other goes
+    finally:
+        sink.close()

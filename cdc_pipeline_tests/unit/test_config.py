@@ -155,7 +155,6 @@ def test_sink_defaults() -> None:
                 timeout_ms=10000,
                 hmac_secret_env=None,
                 signature_header="X-CDC-Signature",
-                batch_size=1000,
             ),
         ),
         (
@@ -188,7 +187,10 @@ def test_webhook_full() -> None:
         "{type: webhook, url: 'http://127.0.0.1:8080/in', headers: {X-Api-Version: 2, X-Flag: true}, "
         "timeout_ms: 500, hmac_secret_env: WEBHOOK_SECRET, signature_header: X-Sig, batch_size: 10}"
     )
-    dest = parse_config(text, "cdc.yaml", {}).sink("s1").destination
+    with pytest.warns(FutureWarning, match=r"sinks\[0\]\.destination\.batch_size is deprecated"):
+        sink = parse_config(text, "cdc.yaml", {}).sink("s1")
+    dest = sink.destination
+    assert sink.batch_size == 10  # the deprecated alias is the sink's batch_size
     assert isinstance(dest, WebhookDestination)
     assert dest.headers == {"X-Api-Version": "2", "X-Flag": "true"}
     assert (dest.timeout_ms, dest.hmac_secret_env, dest.signature_header, dest.batch_size) == (
@@ -197,6 +199,29 @@ def test_webhook_full() -> None:
         "X-Sig",
         10,
     )
+
+
+def test_batch_size_and_max_in_flight_once_per_sink_with_the_destinations_as_aliases() -> None:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the sink's own keys: no warning
+        sink = parse_config(with_sink("{type: webhook, url: 'http://h/in'}", "    batch_size: 5\n    max_in_flight: 7\n"),
+                            "c.yaml", {}).sink("s1")
+    assert (sink.batch_size, sink.max_in_flight) == (5, 7)
+    with pytest.warns(FutureWarning) as caught:
+        sink = parse_config(with_sink("{type: sqs, queue_url: 'http://h/1/q.fifo', max_in_flight: 3}", "    batch_size: 4\n"),
+                            "c.yaml", {}).sink("s1")
+    assert [str(w.message) for w in caught] == [
+        "c.yaml: sinks[0].destination.max_in_flight is deprecated: it is the sink's max_in_flight "
+        "(sinks[0].max_in_flight); move it up"]
+    assert (sink.batch_size, sink.max_in_flight) == (4, 3)
+    with pytest.warns(FutureWarning):  # both set: the destination's (the older key's meaning) is used
+        sink = parse_config(with_sink("{type: typesense, endpoint_url: 'http://h:8108', api_key: k, batch_size: 50}",
+                                      "    batch_size: 9\n"), "c.yaml", {}).sink("s1")
+    assert sink.batch_size == 50
+    error = config_error(with_sink("{type: postgres, dsn: 'postgresql://h/d', table: t}", "    max_in_flight: 4\n"))
+    assert "sinks[0].max_in_flight: a postgres sink takes one call at a time (got 4): remove the key" in error
 
 
 def test_spark_conf_values_coerced_to_strings() -> None:

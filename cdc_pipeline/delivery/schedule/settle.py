@@ -14,6 +14,7 @@ from cdc_pipeline.core.positions import Position
 from cdc_pipeline.delivery.offset import OffsetKeeper
 from cdc_pipeline.delivery.outage import DestinationDown, Liveness, all_down
 from cdc_pipeline.delivery.parking import ParkingLot
+from cdc_pipeline.delivery.schedule.requests import Stopped
 from cdc_pipeline.delivery.schedule.window import CallWindow, Outstanding, Part
 from cdc_pipeline.delivery.stats import DeliveryStats
 
@@ -34,6 +35,9 @@ class Settler:
         for o in done:
             try:
                 part = o.outcome()
+            except Stopped:  # the run stops mid-call: settle what is before it, nothing after it
+                window.abandon()
+                break
             except Exception as exc:  # noqa: BLE001 - raised once the calls before it are settled
                 error = exc
                 break

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from cdc_pipeline.core.positions import Position
 from cdc_pipeline.delivery.schedule.calls import Call
 from cdc_pipeline.delivery.schedule.order import position_of, split_held
+from cdc_pipeline.delivery.schedule.requests import Stopped
 from cdc_pipeline.sinks.base import OutboundMessage, SinkUnavailable, Unreachable
 
 UNSETTLED_CALLS = 4  # calls done but not settled yet (behind a slower earlier one), in units of the width
@@ -238,6 +239,8 @@ class CallWindow:
             down = None
             try:
                 results = self._send(send, min(keep) if keep else None)
+            except Stopped:  # the run stops mid-call (requests.py): not settled, settle.py stops before it
+                raise
             except SinkUnavailable as exc:  # an outage, unless other calls got through meanwhile (the caller's)
                 results, down = [Unreachable(f"not delivered: {exc}")] * len(send), exc
             failing = {m.group for m, r in zip(send, results, strict=True) if r is not None and m.group is not None}

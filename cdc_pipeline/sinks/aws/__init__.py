@@ -8,7 +8,7 @@ errors, logs, metrics or metadata.
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from cdc_pipeline.config.base import StrictModel, url_with_scheme
+from cdc_pipeline.config.base import ALIAS, StrictModel, url_with_scheme
 
 
 class AwsConnection(StrictModel):
@@ -22,8 +22,7 @@ class AwsConnection(StrictModel):
     session_token: SecretStr | None = Field(default=None, description="Session token of temporary credentials.")
     timeout_ms: int = Field(default=10_000, gt=0, description="Connect and read timeout of each request; one not "
                             "answered in time is retried later (not counted against its messages).")
-    max_in_flight: int = Field(default=10, ge=1, le=1000, description="Batch requests out at once (a group's "
-                               "next message only after its previous one was acknowledged).")
+    max_in_flight: int | None = Field(default=None, ge=1, le=1000, description=ALIAS.format(key="max_in_flight"))
 
     @field_validator("endpoint_url")
     @classmethod

@@ -20,6 +20,7 @@ from cdc_pipeline.sinks.base import Unreachable, safe_endpoint
 from cdc_pipeline.sinks.batching import DestinationDown
 
 # Error codes of a whole service, not of the messages of a request.
+MAX_CONNECTIONS = 1000  # kept open, at most: as many as requests are out at once (the scheduler's)
 THROTTLED = frozenset({
     "Throttling", "ThrottlingException", "ThrottledException", "RequestThrottled", "RequestThrottledException",
     "TooManyRequestsException", "ProvisionedThroughputExceededException", "LimitExceededException",
@@ -43,7 +44,7 @@ class AwsClient:
         self._kwargs: dict[str, Any] = {
             "region_name": dest.region, "endpoint_url": dest.endpoint_url,
             "config": Config(retries={"max_attempts": 2, "mode": "standard"}, connect_timeout=dest.timeout_ms / 1000,
-                             read_timeout=dest.timeout_ms / 1000, max_pool_connections=max(10, dest.max_in_flight)),
+                             read_timeout=dest.timeout_ms / 1000, max_pool_connections=MAX_CONNECTIONS),
         }
         if dest.access_key_id is not None:
             self._kwargs["aws_access_key_id"] = dest.access_key_id

@@ -3,15 +3,15 @@
 * Each message is a record of `route or topic`: value = the message JSON, key = its group (so a group's
   order is its partition's order; ungrouped messages have no key), headers `idempotency_key`, `table`
   and `action`. A message counts as delivered when its delivery report says the broker acknowledged it.
-* One record per group in flight (flight.py): a group's next message is produced once the previous one's
-  delivery report says it was stored, so a record the broker rejects (too large for it, not authorized) can
-  never let its key's next record be stored first; the group's later messages in the call are reported
-  NOT_SENT and the engine holds them back behind it. Different groups go out together (a flush sends what
-  is queued at once). A message librdkafka refuses before sending (larger than `max_message_bytes`, an
-  unknown or untrusted topic) fails alone the same way.
+* A group's next record is produced only once the previous one's delivery report says it was stored (a record
+  the broker rejects, too large for it or not authorized, must never let its key's next record be stored
+  first: the idempotent producer keeps order through its own retries, not through a rejection). That is the
+  scheduler's (delivery/schedule/): the calls are not `ordered`, so each holds at most one message per group,
+  produced together (a flush sends what is queued at once). A message librdkafka refuses before sending
+  (larger than `max_message_bytes`, an unknown or untrusted topic) fails alone.
 * A producer in a fatal state (librdkafka's `_FATAL`: an unrecoverable sequence gap, a fenced producer) is
-  an outage of the sink, not any message's failure: nothing more is produced in the call (NOT_SENT), the
-  message it refused is `Unreachable`, and the next call builds a new producer.
+  an outage of the sink, not any message's failure: nothing more is produced in the call (NOT_SENT: the
+  scheduler hands them back), the message it refused is `Unreachable`, and the next call builds a new producer.
 * Outage: an unreachable broker is `SinkUnavailable` (open() asks for metadata first), and a broker that
   goes away during a call ends the call once all brokers have been down for DOWN_GRACE_S (or the
   delivery timeout passes): what is not acknowledged is purged and reported `Unreachable`, the producer is
@@ -29,6 +29,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from cdc_pipeline.sinks.base import (
     NOT_SENT,
+    Limits,
     OutboundMessage,
     Sink,
     SinkConfigError,
@@ -36,7 +37,6 @@ from cdc_pipeline.sinks.base import (
     SinkUnavailable,
     Unreachable,
 )
-from cdc_pipeline.sinks.kafka.flight import GroupFlight
 from cdc_pipeline.sinks.kafka.topics import headers, topic_problem
 
 log = logging.getLogger(__name__)
@@ -119,26 +119,23 @@ class KafkaSink(Sink):
         log.info("kafka sink %s: %s", self.name, err.str())
 
     # -- delivery ---------------------------------------------------------------------------------
+    def limits(self) -> Limits:
+        return Limits(ordered=False)  # a group's next record waits for the previous one's delivery report
+
     def deliver(self, batch: Sequence[OutboundMessage]) -> list[str | None]:
         if self._producer is not None and (self._down_since is not None or self._fatal is not None):
             self.close()  # brokers gone since the last call, or a dead producer: only a fresh one tells
         producer = self._producer or self._connect()
-        call = _Call([_PENDING] * len(batch), GroupFlight([m.group for m in batch]))
-        while True:
-            for i in call.flight.take():
-                if self._fatal is not None:  # the producer died under this call: the rest waits for a new one
-                    call.results[i] = NOT_SENT
-                    continue
-                m = batch[i]
-                error = topic_problem(m.route, self.route_prefixes) or self._produce(producer, m, i, call)
-                if isinstance(error, Unreachable):  # the producer is dead: not this message's fault
-                    call.results[i] = error
-                elif error is not None:
-                    call.fail(i, error)
-            if call.outstanding == 0 and not call.flight.has_ready():
-                break
-            if not self._wait(producer, call):
-                break
+        call = _Call([_PENDING] * len(batch))
+        for i, m in enumerate(batch):
+            if self._fatal is not None:  # the producer died under this call: the rest waits for a new one
+                call.results[i] = NOT_SENT
+                continue
+            error = topic_problem(m.route, self.route_prefixes) or self._produce(producer, m, i, call)
+            if error is not None:
+                call.results[i] = error
+        while call.outstanding and self._wait(producer, call):
+            pass
         return self._finish(call.results)
 
     def _finish(self, results: list[str | None]) -> list[str | None]:
@@ -182,14 +179,13 @@ class KafkaSink(Sink):
             call.progress_at = time.monotonic()
             if err is None:
                 call.results[i] = None
-                call.flight.stored(i)
                 self._down_since = None
             elif err.code() in _UNREACHABLE or err.retriable() or err.fatal():
                 if err.fatal():
                     self._fatal = f"{err.name()}: {err.str()}"
-                call.fail(i, Unreachable(f"kafka: {err.name()}: {err.str()}"))
+                call.results[i] = Unreachable(f"kafka: {err.name()}: {err.str()}")
             else:
-                call.fail(i, f"kafka: {err.name()}: {err.str()}")
+                call.results[i] = f"kafka: {err.name()}: {err.str()}"
         return on_delivery
 
     def _wait(self, producer: Producer, call: _Call) -> bool:
@@ -204,24 +200,16 @@ class KafkaSink(Sink):
             return True
         producer.purge()  # their reports come back as _PURGE_*: Unreachable
         producer.flush(1.0)
-        for j in call.flight.stop():
-            if call.results[j] is _PENDING:
-                call.results[j] = NOT_SENT
         return False
 
 
 class _Call:
-    """One call's results and which message of each group may go out next."""
+    """One call's results, as its delivery reports come."""
 
-    def __init__(self, results: list[str | None], flight: GroupFlight) -> None:
-        self.results, self.flight = results, flight
+    def __init__(self, results: list[str | None]) -> None:
+        self.results = results
         self.outstanding = 0
         self.progress_at = time.monotonic()  # the call's start, then its last delivery report
-
-    def fail(self, i: int, error: str) -> None:
-        self.results[i] = error
-        for j in self.flight.failed(i):
-            self.results[j] = NOT_SENT
 
 
 def _text(exc: KafkaException) -> str:

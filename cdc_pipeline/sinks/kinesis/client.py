@@ -4,7 +4,7 @@
   ungrouped message: its own key), so a group stays on one shard and a shard's order is the group's.
 * Kinesis keeps order only within a call's successful prefix: a record that fails may have later records
   of the call stored. So a request holds at most one record per group, and a group's next record goes out
-  only once the previous one was acknowledged (sinks/batch_plan.py, sinks/window.py).
+  only once the previous one was acknowledged (the scheduler's, delivery/schedule/).
 * Limits checked before sending: a record (data and partition key) over 1 MiB is that message's failure
   (parked with the reason), its group held, other groups flow; a request stays within 500 records and
   5 MiB.
@@ -41,7 +41,7 @@ class KinesisSink(BatchingSink):
 
     def __init__(self, sink_config: SinkConfigLike) -> None:
         dest = sink_config.destination
-        super().__init__(sink_config.name, dest.max_in_flight)
+        super().__init__(sink_config.name)
         self.stream: str = dest.stream_arn or dest.stream_name  # an ARN or a name (see _stream)
         self.route_prefixes: list[str] | None = dest.route_prefixes
         self._client = AwsClient("kinesis", dest)
@@ -64,7 +64,7 @@ class KinesisSink(BatchingSink):
         return Encoded(message.route or self.stream, {"Data": message.payload, "PartitionKey": key},
                        len(message.payload) + len(key.encode()))
 
-    async def send(self, target: str, entries: Sequence[tuple[OutboundMessage, Any]]) -> list[str | None]:
+    async def send_request(self, target: str, entries: Sequence[tuple[OutboundMessage, Any]]) -> list[str | None]:
         try:
             answer = await self._client.call("put_records", **_stream(target), Records=[e for _, e in entries])
         except ClientError as exc:

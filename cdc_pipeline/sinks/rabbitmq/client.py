@@ -7,7 +7,7 @@
 * Publishing is `mandatory`: a message no queue is bound for is returned by the broker and counts as
   failed ("unroutable ..."), so it is parked and retried until a queue is bound, instead of being
   confirmed and silently dropped (the AMQP default). Bind a queue before pointing a sink at an exchange.
-* Confirms are streamed: the batch is published back to back (at most MAX_IN_FLIGHT unconfirmed) and
+* Confirms are streamed: the call is published back to back (sinks/acks.py: all of it out at once) and
   Basic.Ack/Nack (often `multiple`) are matched to messages by delivery tag as they arrive. pika's
   BlockingConnection waits for each confirm inside basic_publish: ~1,400 msg/s measured on this machine,
   hence pika's asyncio adapter on a private event loop thread behind the synchronous API (no extra
@@ -32,6 +32,7 @@ import pika.spec
 from pika.adapters.asyncio_connection import AsyncioConnection
 from pika.channel import Channel
 
+from cdc_pipeline.sinks.acks import PENDING, Acks, PublishingSink
 from cdc_pipeline.sinks.base import (
     OutboundMessage,
     SinkConfigError,
@@ -39,11 +40,9 @@ from cdc_pipeline.sinks.base import (
     SinkUnavailable,
     safe_endpoint,
 )
-from cdc_pipeline.sinks.inflight import PENDING, InFlight, PipelinedSink
 
 log = logging.getLogger(__name__)
 
-MAX_IN_FLIGHT = 20_000  # unconfirmed publishes at once
 CONNECT_TIMEOUT_S = 10.0
 CONFIRM_TIMEOUT_S = 30.0  # no confirm for this long: the rest of the batch fails
 BLOCKED_TIMEOUT_S = 60.0  # broker memory/disk alarm blocking us this long: drop the connection
@@ -51,7 +50,7 @@ YIELD_EVERY = 256  # publishes between yields to the loop, so confirms are read 
 
 
 @dataclass(eq=False)
-class _Batch(InFlight):
+class _Batch(Acks):
     """Confirm bookkeeping of the batch in flight."""
 
     batch: Sequence[OutboundMessage] = ()
@@ -61,7 +60,7 @@ class _Batch(InFlight):
     by_key: dict[str, deque[int]] | None = None  # built on the first Basic.Return
 
 
-class RabbitMQSink(PipelinedSink):
+class RabbitMQSink(PublishingSink):
     kind = "rabbitmq"
 
     def __init__(self, sink_config: SinkConfigLike) -> None:
@@ -188,8 +187,6 @@ class RabbitMQSink(PipelinedSink):
         results = state.results
         try:
             for i, m in enumerate(batch):
-                if state.outstanding >= MAX_IN_FLIGHT and not await state.wait(MAX_IN_FLIGHT // 2, CONFIRM_TIMEOUT_S):
-                    break
                 if state.lost is not None:
                     break
                 properties = pika.BasicProperties(content_type="application/json", delivery_mode=2,
@@ -211,7 +208,7 @@ class RabbitMQSink(PipelinedSink):
                 if i % YIELD_EVERY == 0:
                     await asyncio.sleep(0)
             if state.lost is None:
-                await state.wait(0, CONFIRM_TIMEOUT_S)
+                await state.wait(CONFIRM_TIMEOUT_S)
         finally:
             self._batch = None
         return state.final(f"no publisher confirm within {CONFIRM_TIMEOUT_S:.0f} s"), state.lost

@@ -36,7 +36,7 @@ class SnsSink(BatchingSink):
 
     def __init__(self, sink_config: SinkConfigLike) -> None:
         dest = sink_config.destination
-        super().__init__(sink_config.name, dest.max_in_flight)
+        super().__init__(sink_config.name)
         self.topic_arn: str = dest.topic_arn
         self._arn_prefix = self.topic_arn.rsplit(":", 1)[0] + ":"
         self.route_prefixes: list[str] | None = dest.route_prefixes
@@ -67,7 +67,7 @@ class SnsSink(BatchingSink):
         entry, size = batch_entry("Message", message, arn.endswith(".fifo"))
         return Encoded(arn, entry, size)
 
-    async def send(self, target: str, entries: Sequence[tuple[OutboundMessage, Any]]) -> list[str | None]:
+    async def send_request(self, target: str, entries: Sequence[tuple[OutboundMessage, Any]]) -> list[str | None]:
         try:
             answer = await self._client.call("publish_batch", TopicArn=target, PublishBatchRequestEntries=numbered(entries))
         except ClientError as exc:

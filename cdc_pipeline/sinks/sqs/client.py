@@ -39,7 +39,7 @@ class SqsSink(BatchingSink):
 
     def __init__(self, sink_config: SinkConfigLike) -> None:
         dest = sink_config.destination
-        super().__init__(sink_config.name, dest.max_in_flight)
+        super().__init__(sink_config.name)
         self.queue_url: str = dest.queue_url
         self.route_prefixes: list[str] | None = dest.route_prefixes
         self._client = AwsClient("sqs", dest)
@@ -69,7 +69,7 @@ class SqsSink(BatchingSink):
         entry, size = batch_entry("MessageBody", message, (message.route or self.queue_url).endswith(".fifo"))
         return Encoded(message.route or "", entry, size)
 
-    async def send(self, target: str, entries: Sequence[tuple[OutboundMessage, Any]]) -> list[str | None]:
+    async def send_request(self, target: str, entries: Sequence[tuple[OutboundMessage, Any]]) -> list[str | None]:
         try:
             url = await self._url(target)
             answer = await self._client.call("send_message_batch", QueueUrl=url, Entries=numbered(entries))

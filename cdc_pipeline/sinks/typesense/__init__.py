@@ -4,7 +4,7 @@ deleted on delete; a TRUNCATE empties the collection.
 This package is the whole `typesense` destination type: its config schema (here, light), the pure
 document and schema building (`documents.py`) and the client (`client.py`, imported only when the sink is
 built). The keys follow Sequin's typesense sink (`endpoint_url`, `collection_name`, `api_key`,
-`batch_size`, `timeout_seconds`).
+`timeout_seconds`; Sequin's `batch_size` is the sink's).
 """
 
 from collections.abc import Mapping
@@ -12,8 +12,11 @@ from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator
 
-from cdc_pipeline.config.base import StrictModel, url_with_scheme
+from cdc_pipeline.config.base import ALIAS, StrictModel, url_with_scheme
 from cdc_pipeline.sinks.base import Sink, SinkConfigLike
+
+BATCH_SIZE = 100  # documents per import request by default
+MAX_IN_FLIGHT = 4  # requests out at once by default
 
 
 class TypesenseDestination(StrictModel):
@@ -23,9 +26,8 @@ class TypesenseDestination(StrictModel):
                                "`${TYPESENSE_API_KEY}`).")
     collection_name: str | None = Field(default=None, min_length=1, description="Collection of every message "
                                         "without a route; none: one per table, named `schema.table`.")
-    batch_size: int = Field(default=100, gt=0, le=10_000, description="Documents per import request.")
-    max_in_flight: int = Field(default=4, ge=1, le=100, description="Requests out at once (a row's next change "
-                               "only after its previous one was acknowledged).")
+    batch_size: int | None = Field(default=None, gt=0, le=10_000, description=ALIAS.format(key="batch_size"))
+    max_in_flight: int | None = Field(default=None, ge=1, le=100, description=ALIAS.format(key="max_in_flight"))
     timeout_seconds: float = Field(default=10, gt=0, description="Connect and read timeout of each request; one not "
                                    "answered in time is retried later (not counted against its messages).")
     route_prefixes: list[str] | None = Field(default=None, description="A route (a collection name) must start "

@@ -1,14 +1,14 @@
 """Typesense sink over its HTTP API (httpx, asyncio, on the sink's event loop thread).
 
-* Upserts go in `documents/import?action=upsert` requests of up to `batch_size` documents, one JSON line
+* Upserts go in `documents/import?action=upsert` requests of the sink's `batch_size` documents, one JSON line
   each; the answer has a line per document, and each is that message's outcome (a document Typesense
   refuses, e.g. a value of the wrong type, is parked with its error; the document itself is never echoed).
   Deletes are `DELETE documents/<id>` (a document already gone counts as deleted).
 * A request holds at most one change per group (by default a row), and a group's next change goes out
-  only once the previous one was acknowledged (sinks/batch_plan.py, sinks/window.py), so a row never ends
+  only once the previous one was acknowledged (the scheduler's, delivery/schedule/), so a row never ends
   older than its last change.
-* A TRUNCATE empties the collection (dropped and created again with its schema as it was), after every
-  earlier message of the call and before every later one.
+* A TRUNCATE empties the collection (dropped and created again with its schema as it was), in a request of
+  its own (`alone`), after every earlier message the scheduler was handed with it and before every later one.
 * A collection that does not exist is created on first use, its schema from the table's columns
   (documents.py). Routes name collections (`route_prefixes` restricts them).
 * Nothing answering, a timeout, 401/403, 429 and 5xx are an outage (waited for, nothing counted). The API
@@ -25,9 +25,10 @@ from urllib.parse import quote
 
 import httpx
 
-from cdc_pipeline.sinks.base import OutboundMessage, SinkConfigLike, Unreachable, safe_endpoint
+from cdc_pipeline.sinks.base import Limits, OutboundMessage, SinkConfigLike, Unreachable, safe_endpoint
 from cdc_pipeline.sinks.batch_plan import RequestLimits
 from cdc_pipeline.sinks.batching import BatchingSink, DestinationDown, Encoded
+from cdc_pipeline.sinks.typesense import BATCH_SIZE, MAX_IN_FLIGHT
 from cdc_pipeline.sinks.typesense.documents import (
     Change,
     change_of,
@@ -37,12 +38,16 @@ from cdc_pipeline.sinks.typesense.documents import (
 )
 
 MAX_REQUEST_BYTES = 64 * 1024 * 1024
+MAX_DOCUMENTS = 10_000  # per import request, at most (a call is the sink's `batch_size`)
+MAX_CONNECTIONS = 400  # kept open, at most: as many as requests are out at once (the scheduler's)
 _DOWN_STATUSES = frozenset({401, 403, 408, 429})
 
 
 class TypesenseSink(BatchingSink):
     kind = "typesense"
     holds_rows = True  # the latest version of each row: a replay continues up to the sink's offset
+    request_limits = RequestLimits(max_entries=MAX_DOCUMENTS, max_request_bytes=MAX_REQUEST_BYTES,
+                                   max_entry_bytes=MAX_REQUEST_BYTES, what="Typesense document")
 
     @classmethod
     def takes_truncates(cls, sink_config: SinkConfigLike) -> bool:
@@ -50,9 +55,7 @@ class TypesenseSink(BatchingSink):
 
     def __init__(self, sink_config: SinkConfigLike) -> None:
         dest = sink_config.destination
-        super().__init__(sink_config.name, dest.max_in_flight)
-        self.request_limits = RequestLimits(max_entries=dest.batch_size, max_request_bytes=MAX_REQUEST_BYTES,
-                             max_entry_bytes=MAX_REQUEST_BYTES, what="Typesense document")
+        super().__init__(sink_config.name)
         self.url: str = dest.endpoint_url.rstrip("/")
         self.where = safe_endpoint(self.url)
         self.collection_name: str | None = dest.collection_name
@@ -69,7 +72,7 @@ class TypesenseSink(BatchingSink):
         await self.disconnect()
         self._http = httpx.AsyncClient(base_url=self.url, timeout=self.timeout_s,
                                        headers={"X-TYPESENSE-API-KEY": self._key.get_secret_value()},
-                                       limits=httpx.Limits(max_connections=self.max_in_flight * 4))
+                                       limits=httpx.Limits(max_connections=MAX_CONNECTIONS))
         self._collections.clear()
         self._tables.clear()  # described afresh each session: the source may have changed meanwhile
         self._creating = asyncio.Lock()
@@ -107,7 +110,16 @@ class TypesenseSink(BatchingSink):
         if collection is None:
             return "typesense: no collection: the message names no table and the sink has no collection_name"
         size = len(change.line or change.doc_id or "")
-        return Encoded(collection, change, size, barrier=change.op == "truncate")
+        return Encoded(collection, change, size)
+
+    def limits(self) -> Limits:
+        return Limits(batch_size=BATCH_SIZE, max_in_flight=MAX_IN_FLIGHT, ordered=False)
+
+    def alone(self, message: OutboundMessage) -> bool:
+        if b'"truncate"' not in message.payload:  # the usual message: no parse
+            return False
+        change = change_of(message.payload, lambda table: None)  # a truncate needs no key
+        return not isinstance(change, str) and change.op == "truncate"
 
     def _keys(self, table: str) -> Sequence[str] | None:
         info = self._table(table)
@@ -118,7 +130,7 @@ class TypesenseSink(BatchingSink):
             self._tables[table] = self.context.describe(table)
         return self._tables[table]
 
-    async def send(self, target: str, entries: Sequence[tuple[OutboundMessage, Any]]) -> list[str | None]:
+    async def send_request(self, target: str, entries: Sequence[tuple[OutboundMessage, Any]]) -> list[str | None]:
         changes: list[Change] = [c for _, c in entries]
         try:
             if changes[0].op == "truncate":

@@ -10,10 +10,11 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
 
-from cdc_pipeline.config.base import ENV_NAME_RE, HEADER_NAME_RE, StrictModel, string_map
+from cdc_pipeline.config.base import ALIAS, ENV_NAME_RE, HEADER_NAME_RE, StrictModel, string_map
 from cdc_pipeline.config.errors import Loc, fail
 from cdc_pipeline.sinks.base import Sink, SinkConfigLike
 
+BATCH_SIZE = 1000  # messages per request by default
 MAX_IN_FLIGHT = 100  # requests outstanding at once by default: 5,000 requests/s at 20 ms each
 
 
@@ -28,9 +29,8 @@ class WebhookDestination(StrictModel):
                                         "the signing secret (never the secret itself).")
     signature_header: str = Field(default="X-CDC-Signature", description="Receives the hex HMAC-SHA256 of the "
                                   "body; `<signature_header>-V2` the HMAC of `<X-CDC-Timestamp>.<body>`.")
-    batch_size: int = Field(default=1000, gt=0, description="Messages per request.")
-    max_in_flight: int = Field(default=MAX_IN_FLIGHT, gt=0, le=10000, description="Requests outstanding at once "
-                               "(a sliding window; a group's next request waits for its previous one).")
+    batch_size: int | None = Field(default=None, gt=0, description=ALIAS.format(key="batch_size"))
+    max_in_flight: int | None = Field(default=None, gt=0, le=10000, description=ALIAS.format(key="max_in_flight"))
     http2: bool = Field(default=True, description="Speak HTTP/2 with an https endpoint that offers it (TLS "
                         "ALPN): the whole window on one connection; false: always HTTP/1.1.")
 

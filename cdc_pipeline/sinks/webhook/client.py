@@ -1,25 +1,23 @@
-"""Webhook sink: POST `{"data": [message, ...]}` in chunks of `batch_size`; any 2xx acknowledges the chunk.
+"""Webhook sink: POST `{"data": [message, ...]}`, a request per call; any 2xx acknowledges the request.
 
 * The body is the already-encoded payloads joined with commas: never re-parsed or re-serialised.
 * `hmac_secret_env` names an environment variable; its value signs the exact body bytes
   (HMAC-SHA256, lower-case hex) in `signature_header`, and `<timestamp>.<body>` in
   `<signature_header>-V2`, with the Unix time in `X-CDC-Timestamp` (so a receiver can refuse replays).
-* A rejected chunk (non-2xx) of more than one message is bisected, halves sent left then right, until
-  the rejected message is isolated, so one poison message does not fail its neighbours. A chunk stops
-  at its first failure, and a later chunk sharing a group with a message not acknowledged is not sent
-  (reported NOT_SENT: the engine hands back those whose group is still in order), so nothing of a group
-  is sent past its failed message.
+* A rejected request (non-2xx) of more than one message is bisected, halves sent left then right, until
+  the rejected message is isolated, so one poison message does not fail its neighbours. A request stops
+  at its first failure (the rest reported NOT_SENT: the scheduler hands back those whose group is still in
+  order), so nothing of a group is sent past its failed message.
 * Statuses that speak for the whole endpoint (3xx, 401, 403, 407, 429, 502, 503, 504) are not bisected
-  and stop the window (requests already out finish): with nothing acknowledged they raise
-  SinkUnavailable (retry the batch later), else they fail the rest of the batch. Connection refused / DNS failure / connect timeout are handled the same way.
+  and say the endpoint is down: the scheduler sends nothing more (requests already out finish); with nothing
+  acknowledged the batch is retried later, else the rest of it fails. Connection refused / DNS failure / connect timeout are handled the same way.
 * A timeout (`timeout_ms`: a total deadline for the whole request, and for each connect, write and read)
-  fails the chunk's messages without bisecting: a slow endpoint would only get slower. At most a few KB
+  fails the request's messages without bisecting: a slow endpoint would only get slower. At most a few KB
   of a response body is read (sinks/http_guard.py).
-* Chunks go through a sliding window of `max_in_flight` requests (sinks/window.py): the next goes as
-  soon as any returns; a chunk waits for the previous chunk of each of its groups to be acknowledged, so
-  no group is ever reordered; ungrouped messages wait for nothing. A lean HTTP/1.1 client (sinks/http1.py) on the
-  sink's own event loop keeps up to `max_in_flight` keep-alive connections, TCP_NODELAY; no thread per
-  request. With an https endpoint that offers HTTP/2 (TLS ALPN; `http2: false` turns it off), the whole
+* The scheduler (delivery/schedule/requests.py) has up to the sink's `max_in_flight` requests of its
+  `batch_size` messages out at once on the sink's event loop, a group's next request only after its previous
+  one was acknowledged. A lean HTTP/1.1 client (sinks/http1.py) keeps a keep-alive connection per request
+  out, TCP_NODELAY; no thread per request. With an https endpoint that offers HTTP/2 (TLS ALPN; `http2: false` turns it off), the whole
   window goes over one connection as concurrent streams (sinks/http2.py).
 * Every request carries an `Idempotency-Key` header: the message's key, or `first..last` for a request
   of several messages (each message's own key is in its metadata).
@@ -30,7 +28,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import hmac
 import os
@@ -43,10 +40,8 @@ from cdc_pipeline.sinks.base import (
     EventLoopThread,
     Limits,
     OutboundMessage,
-    Sink,
     SinkConfigError,
     SinkConfigLike,
-    SinkUnavailable,
     Unreachable,
     safe_endpoint,
 )
@@ -60,11 +55,12 @@ from cdc_pipeline.sinks.http_guard import (
     secrets_of,
     timestamped_signature,
 )
-from cdc_pipeline.sinks.window import send_window
+from cdc_pipeline.sinks.request_sink import RequestSink, Sent
+from cdc_pipeline.sinks.webhook import BATCH_SIZE, MAX_IN_FLIGHT
 
+KEEP_ALIVE = 10_000  # idle connections kept, at most: as many as requests were out at once (the scheduler's)
 # The whole endpoint answers for these; bisecting would multiply requests without isolating anything.
 ENDPOINT_STATUSES = frozenset({401, 403, 407, 429, 502, 503, 504})
-_PENDING = "\x00pending"  # placeholder result; never returned (compared by identity)
 
 
 class _EndpointDown(Exception):
@@ -81,7 +77,7 @@ class _ChunkFailed(Exception):
         self.bisect = bisect
 
 
-class WebhookSink(Sink):
+class WebhookSink(RequestSink):
     def __init__(self, sink_config: SinkConfigLike, environ: Mapping[str, str] = os.environ) -> None:
         dest = sink_config.destination
         self.name = sink_config.name
@@ -90,8 +86,6 @@ class WebhookSink(Sink):
         self.timeout_ms: int = dest.timeout_ms
         self.secret_env: str | None = dest.hmac_secret_env
         self.signature_header: str = dest.signature_header
-        self.batch_size: int = dest.batch_size
-        self.max_in_flight: int = dest.max_in_flight
         self.http2: bool = dest.http2
         self._where = safe_endpoint(self.url)  # for messages
         self._environ = environ
@@ -99,7 +93,6 @@ class WebhookSink(Sink):
         self._masked: list[str] = []  # values that must never appear in an error
         self._runner: EventLoopThread | None = None
         self._pool: HttpPool | None = None
-        self._slots = asyncio.Semaphore(self.max_in_flight)
         self._in_flight = REQUESTS_IN_FLIGHT.labels(self.name)
         self._request_seconds = REQUEST_SECONDS.labels(self.name)
 
@@ -116,10 +109,7 @@ class WebhookSink(Sink):
                                   [self._secret.decode()] if self._secret else [])
         if self._runner is None:
             self._runner = EventLoopThread(f"webhook-sink-{self.name}")
-        self._pool = HttpPool(self.url, self.max_in_flight, self.http2)
-        # The window's slots, shared by concurrent calls (the engine's window across micro-batches): at most
-        # max_in_flight requests out in all. Bound to the sink's loop on first use.
-        self._slots = asyncio.Semaphore(self.max_in_flight)
+        self._pool = HttpPool(self.url, KEEP_ALIVE, self.http2)
 
     def close(self) -> None:
         runner, pool, self._runner, self._pool = self._runner, self._pool, None, None
@@ -133,43 +123,25 @@ class WebhookSink(Sink):
 
     # -- delivery ---------------------------------------------------------------------------------
     def limits(self) -> Limits:
-        return Limits(max_in_flight=self.max_in_flight)
+        return Limits(batch_size=BATCH_SIZE, max_in_flight=MAX_IN_FLIGHT)
 
-    def deliver(self, batch: Sequence[OutboundMessage]) -> list[str | None]:
-        if not batch:
-            return []
+    def loop(self) -> EventLoopThread:
         if self._pool is None:
             self.open()
         assert self._runner is not None
-        results, down = self._runner.run(self._deliver(batch))
-        if down is not None and not any(r is None for r in results):
-            raise SinkUnavailable(down)
-        return results
+        return self._runner
 
-    async def _deliver(self, batch: Sequence[OutboundMessage]) -> tuple[list[str | None], str | None]:
-        """Per-message results, and why the endpoint is down if it went down."""
-        results: list[str | None] = [_PENDING] * len(batch)
-        size = self.batch_size
-        chunks = [range(i, min(i + size, len(batch))) for i in range(0, len(batch), size)]
-        down: list[str] = []
-
-        async def send(chunk: Sequence[int]) -> set[str]:
-            idx = list(chunk)
-            try:
-                await self._attempt(batch, idx, results)
-            except _EndpointDown as exc:
-                down.append(str(exc))
-                for i in idx:
-                    if results[i] is _PENDING:
-                        results[i] = Unreachable(f"not sent: {exc}")
-            return {g for i in idx if results[i] is not None and (g := batch[i].group) is not None}
-
-        def skip(chunk: Sequence[int]) -> None:
-            for i in chunk:
-                results[i] = NOT_SENT if not down else Unreachable(f"not sent: {down[0]}")
-
-        await send_window(chunks, [m.group for m in batch], self._slots, send, skip, lambda: bool(down))
-        return results, (down[0] if down else None)
+    async def send(self, batch: Sequence[OutboundMessage]) -> Sent:
+        results: list[str | None] = [NOT_SENT] * len(batch)
+        idx = list(range(len(batch)))
+        try:
+            await self._attempt(batch, idx, results)
+        except _EndpointDown as exc:
+            for i in idx:
+                if results[i] is NOT_SENT:
+                    results[i] = Unreachable(f"not sent: {exc}")
+            return Sent(results, str(exc))
+        return Sent(results)
 
     async def _attempt(self, batch: Sequence[OutboundMessage], idx: list[int], results: list[str | None]) -> bool:
         """POST these messages, bisecting a rejection down to its message; True if one failed (the

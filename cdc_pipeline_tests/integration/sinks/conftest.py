@@ -249,7 +249,7 @@ def webhook_sink() -> Iterator[SinkUnderTest]:
             return (422, b"cannot take it", 0.0) if poisoned else (200, b"{}", 0.0)
 
         receiver.behaviour = refuse
-        entry["destination"]["batch_size"] = 1  # a request per message: 2xx acknowledges a whole request
+        entry["batch_size"] = 1  # a request per message: 2xx acknowledges a whole request
 
     @contextlib.contextmanager
     def outage() -> Iterator[None]:

@@ -17,8 +17,9 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 from cdc_pipeline.config import PipelineConfig
 from cdc_pipeline.delivery.engine import Deliverer
+from cdc_pipeline.delivery.schedule.dispatch import deliver_in_order
+from cdc_pipeline.delivery.schedule.order import HELD
 from cdc_pipeline.delivery.stats import DeliveryStats
-from cdc_pipeline.sinks.base import NOT_SENT
 from cdc_pipeline.sinks.kafka import client
 from cdc_pipeline_tests.conftest import Database
 from cdc_pipeline_tests.helpers import drain, wait_until
@@ -70,9 +71,9 @@ def test_a_rejected_record_never_lets_its_keys_next_be_stored_first(kafka: Tansu
     kafka.create_topic(topic, partitions=2)
     batch = messages(12, groups=3)  # g1: ids 1 (rejected), 4, 7, 10
     with kafka_sink(kafka.bootstrap, topic) as sink:
-        results = sink.deliver(batch)
+        results = deliver_in_order(sink, batch)  # the scheduler's calls: one message per group each
     assert "MSG_SIZE_TOO_LARGE" in str(results[1])
-    assert [results[i] for i in (4, 7, 10)] == [NOT_SENT] * 3  # held back, never produced behind it
+    assert [results[i] for i in (4, 7, 10)] == [HELD] * 3  # held back, never produced behind it
     assert all(results[i] is None for i in range(12) if i % 3 != 1)
     stored = kafka.records(topic, 8)
     assert sorted(json.loads(r["value"])["record"]["id"] for r in stored) == [0, 2, 3, 5, 6, 8, 9, 11]

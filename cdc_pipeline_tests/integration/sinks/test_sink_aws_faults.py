@@ -19,6 +19,7 @@ from cdc_pipeline.sinks.base import Sink, SinkUnavailable, Unreachable
 from cdc_pipeline.sinks.kinesis import KinesisDestination
 from cdc_pipeline.sinks.sqs import SqsDestination
 from cdc_pipeline_tests.integration.sinks.test_sinks_brokers import messages
+from cdc_pipeline_tests.scheduled import scheduled
 
 SECRET = "aws-secret-never-shown"
 
@@ -68,7 +69,7 @@ def aws() -> Iterator[ScriptedAws]:
 def sqs(aws: ScriptedAws) -> Sink:
     dest = SqsDestination(queue_url=f"{aws.url}/1/q.fifo", endpoint_url=aws.url, access_key_id="AKID",
                           secret_access_key=SECRET)
-    return build_sink(SimpleNamespace(name="faults", destination=dest), {})
+    return scheduled(build_sink(SimpleNamespace(name="faults", destination=dest), {}))
 
 
 def error(code: str, message: str = "no") -> dict[str, str]:
@@ -111,7 +112,7 @@ def test_kinesis_throttled_records_are_unanswered_and_the_others_acknowledged(aw
         {"ErrorCode": "ProvisionedThroughputExceededException", "ErrorMessage": "rate exceeded"},
         {"ErrorCode": "InternalFailure", "ErrorMessage": "oops"}]})]
     dest = KinesisDestination(stream_name="s", endpoint_url=aws.url, access_key_id="AKID", secret_access_key=SECRET)
-    with build_sink(SimpleNamespace(name="k", destination=dest), {}) as sink:
+    with scheduled(build_sink(SimpleNamespace(name="k", destination=dest), {})) as sink:
         results = sink.deliver(messages(3, groups=3))
         assert results[0] is None and all(isinstance(r, Unreachable) for r in results[1:])
         aws.script["PutRecords"] = [(400, {"__type": "ProvisionedThroughputExceededException", "message": "slow"})]

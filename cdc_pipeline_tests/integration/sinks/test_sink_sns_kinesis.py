@@ -14,11 +14,12 @@ import pytest
 from cdc_pipeline.delivery.schedule.dispatch import deliver_in_order
 from cdc_pipeline.delivery.schedule.order import HELD
 from cdc_pipeline.sinks import build_sink
-from cdc_pipeline.sinks.base import Sink, SinkUnavailable, Unreachable
+from cdc_pipeline.sinks.base import SinkUnavailable, Unreachable
 from cdc_pipeline.sinks.kinesis import KinesisDestination
 from cdc_pipeline.sinks.sns import SnsDestination
 from cdc_pipeline_tests.integration.sinks.test_sink_sqs import ids_by_group, make_queue, received
 from cdc_pipeline_tests.integration.sinks.test_sinks_brokers import messages
+from cdc_pipeline_tests.scheduled import scheduled
 from cdc_pipeline_tests.servers import MotoServer, moto_server, unique
 
 
@@ -27,8 +28,9 @@ def moto() -> Iterator[MotoServer]:
     yield from moto_server()
 
 
-def sink_of(dest: Any) -> Sink:
-    return build_sink(SimpleNamespace(name=unique("s"), destination=dest), {})
+def sink_of(dest: Any) -> Any:
+    """The sink as the engine's calls use it (cdc_pipeline_tests/scheduled.py)."""
+    return scheduled(build_sink(SimpleNamespace(name=unique("s"), destination=dest), {}), dest)
 
 
 def fifo_topic_with_queue(moto: MotoServer) -> tuple[str, str]:

@@ -19,6 +19,7 @@ from cdc_pipeline.sinks.base import SinkUnavailable, Unreachable
 from cdc_pipeline.sinks.sqs import SqsDestination
 from cdc_pipeline.sinks.sqs.client import SqsSink
 from cdc_pipeline_tests.integration.sinks.test_sinks_brokers import messages
+from cdc_pipeline_tests.scheduled import scheduled
 from cdc_pipeline_tests.servers import MotoServer, moto_server, unique
 
 
@@ -33,11 +34,12 @@ def make_queue(moto: MotoServer, fifo: bool = True, name: str | None = None) -> 
     return str(moto.client("sqs").create_queue(QueueName=name, Attributes=attrs)["QueueUrl"])
 
 
-def sqs_sink(moto: MotoServer, queue_url: str, **kw: Any) -> SqsSink:
+def sqs_sink(moto: MotoServer, queue_url: str, **kw: Any) -> Any:
+    """The sink as the engine's calls use it (cdc_pipeline_tests/scheduled.py)."""
     dest = SqsDestination(queue_url=queue_url, **moto.connection(), **kw)
     sink = build_sink(SimpleNamespace(name=unique("sqs"), destination=dest), {})
     assert isinstance(sink, SqsSink)
-    return sink
+    return scheduled(sink, dest)
 
 
 def received(moto: MotoServer, queue_url: str, at_least: int = 0, rounds: int = 200) -> list[dict[str, Any]]:

@@ -16,8 +16,9 @@ from cdc_pipeline.delivery.schedule.dispatch import deliver_in_order
 from cdc_pipeline.delivery.schedule.order import HELD
 from cdc_pipeline.postgres.catalog import ColumnInfo, TableInfo
 from cdc_pipeline.sinks import build_sink
-from cdc_pipeline.sinks.base import OutboundMessage, Sink, SinkUnavailable, Unreachable
+from cdc_pipeline.sinks.base import OutboundMessage, SinkUnavailable, Unreachable
 from cdc_pipeline.sinks.typesense import TypesenseDestination
+from cdc_pipeline_tests.scheduled import scheduled
 from cdc_pipeline_tests.servers import TYPESENSE_KEY, TypesenseServer, unique
 
 COLUMNS = (("code", "integer", True), ("name", "text", False), ("qty", "bigint", False), ("price", "numeric(10,2)", False),
@@ -26,11 +27,12 @@ TABLE = TableInfo("public", "items", tuple(ColumnInfo(n, t, 0, False, pk) for n,
                   ("code",))
 
 
-def sink_of(server: TypesenseServer, **kw: Any) -> Sink:
+def sink_of(server: TypesenseServer, **kw: Any) -> Any:
+    """The sink as the engine's calls use it (cdc_pipeline_tests/scheduled.py)."""
     dest = TypesenseDestination(endpoint_url=server.url, api_key=kw.pop("api_key", TYPESENSE_KEY), **kw)
     sink = build_sink(SimpleNamespace(name=unique("ts"), destination=dest), {})
     sink.context.describe = lambda table: TABLE if table == "public.items" else None
-    return sink
+    return scheduled(sink, dest)
 
 
 def change(n: int, code: int, action: str = "update", table: str = "items", **record: Any) -> OutboundMessage:

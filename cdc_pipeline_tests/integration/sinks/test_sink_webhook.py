@@ -21,6 +21,7 @@ from cdc_pipeline.sinks import build_sink
 from cdc_pipeline.sinks.base import NOT_SENT, OutboundMessage, SinkConfigError, SinkUnavailable
 from cdc_pipeline.sinks.webhook.client import WebhookSink
 from cdc_pipeline_tests.integration.sinks.test_sinks_brokers import messages
+from cdc_pipeline_tests.scheduled import scheduled
 
 # (headers, body) -> (status, response body, seconds to wait before answering)
 Behaviour = Callable[[dict[str, str], bytes], tuple[int, bytes, float]]
@@ -88,11 +89,12 @@ def receiver() -> Iterator[Receiver]:
     r.stop()
 
 
-def webhook(url: str, environ: dict[str, str] | None = None, **kw: Any) -> WebhookSink:
+def webhook(url: str, environ: dict[str, str] | None = None, **kw: Any) -> Any:
+    """The sink as the engine's calls use it (cdc_pipeline_tests/scheduled.py)."""
     config = SimpleNamespace(name="hook", destination=WebhookDestination(url=url, **kw))
     sink = build_sink(config, environ=environ or {})
     assert isinstance(sink, WebhookSink)
-    return sink
+    return scheduled(sink, config.destination)
 
 
 def keys(batch: list[OutboundMessage]) -> list[str]:

@@ -1,19 +1,16 @@
-"""Bookkeeping for sinks that pipeline their publishes and settle them as the broker acknowledges.
+"""Publishes settled as the broker acknowledges them, for sinks that publish a call back to back (NATS PubAck,
+RabbitMQ publisher confirms), which differ only in how an acknowledgement maps back to a message.
 
-Pipelining is across groups only: such a sink's calls are not `ordered` (its `Limits`), so the engine hands it at most one
-message per group per call and a group's next message is published once the previous one is
-acknowledged (9.15).
-
-The publisher sends up to a window of messages ahead, then waits for acknowledgements to bring the
-count down; a lost connection wakes it at once. Shared by the NATS (PubAck) and RabbitMQ (publisher
-confirm) sinks, which differ only in how an acknowledgement maps back to a message.
+What goes out and when is the scheduler's (delivery/schedule/): such a sink's calls are not `ordered` (it
+publishes before the earlier messages are acknowledged), so it is handed at most one message per group per
+call, one call at a time, at most the sink's `batch_size` messages: the whole call is published at once and
+its acknowledgements gathered. A lost connection ends the wait at once; the next call reconnects.
 """
 
 from __future__ import annotations
 
 import abc
 import asyncio
-import threading
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,17 +28,18 @@ PENDING = "\x00pending"  # placeholder result; never returned (compared by ident
 
 
 @dataclass(eq=False)
-class InFlight:
+class Acks:
+    """One call's results as the acknowledgements come."""
+
     results: list[str | None]
-    outstanding: int = 0
-    wake_at: int = 0  # wake the publisher when outstanding drops to this
-    progress: asyncio.Event = field(default_factory=asyncio.Event)
-    lost: str | None = None  # why the connection went away mid-batch
+    outstanding: int = 0  # published, not acknowledged yet
+    progress: asyncio.Event = field(default_factory=asyncio.Event)  # set when the last one is acknowledged
+    lost: str | None = None  # why the connection went away mid-call
 
     def settle(self, index: int, result: str | None) -> None:
         self.results[index] = result
         self.outstanding -= 1
-        if self.outstanding <= self.wake_at:
+        if self.outstanding <= 0:
             self.progress.set()
 
     def lose(self, why: str) -> None:
@@ -49,19 +47,17 @@ class InFlight:
             self.lost = why
             self.progress.set()
 
-    async def wait(self, target: int, timeout_s: float) -> bool:
-        """Wait until at most `target` publishes are unsettled; False if settlements stopped coming for
-        `timeout_s` or the connection was lost."""
-        while self.outstanding > target and self.lost is None:
+    async def wait(self, timeout_s: float) -> None:
+        """Until every publish is settled, the connection is lost, or acknowledgements stopped coming for
+        `timeout_s` (measured from the last one: a long call is not cut short while they still flow)."""
+        while self.outstanding > 0 and self.lost is None:
             before = self.outstanding
-            self.wake_at = target
             self.progress.clear()
             try:
                 await asyncio.wait_for(self.progress.wait(), timeout_s)
             except TimeoutError:
                 if self.outstanding >= before:
-                    return False
-        return self.lost is None
+                    return
 
     def final(self, unsettled: str) -> list[str | None]:
         """Results, with messages never settled reported as `unsettled` (or the loss)."""
@@ -69,19 +65,26 @@ class InFlight:
         return [why if r is PENDING else r for r in self.results]
 
 
-class PipelinedSink(Sink):
-    """A sink whose asyncio client publishes a batch ahead of its acknowledgements on a private loop."""
+class PublishingSink(Sink):
+    """A sink whose asyncio client publishes a call ahead of its acknowledgements on a private loop."""
 
     kind: str  # for messages: "nats", "rabbitmq"
     _runner: EventLoopThread | None
 
     def __init__(self) -> None:
         self._runner = None
-        self._lock = threading.Lock()  # one deliver() at a time: acks are matched to the batch in flight
 
     @abc.abstractmethod
     def _connect(self) -> Coroutine[Any, Any, None]:
         """Connect and declare what the destination needs; raises SinkUnavailable when unreachable."""
+
+    @abc.abstractmethod
+    def _usable(self) -> bool:
+        """Whether the connection can take a call (else deliver reconnects first)."""
+
+    @abc.abstractmethod
+    def _publish(self, batch: Sequence[OutboundMessage]) -> Coroutine[Any, Any, tuple[list[str | None], str | None]]:
+        """Publish; returns per-message results and why the connection was lost (None if it was not)."""
 
     def limits(self) -> Limits:
         return Limits(ordered=False)  # publishes ahead of acknowledgements
@@ -95,23 +98,14 @@ class PipelinedSink(Sink):
             self.close()
             raise
 
-    @abc.abstractmethod
-    def _usable(self) -> bool:
-        """Whether the connection can take a batch (else deliver reconnects first)."""
-
-    @abc.abstractmethod
-    def _publish(self, batch: Sequence[OutboundMessage]) -> Coroutine[Any, Any, tuple[list[str | None], str | None]]:
-        """Publish; returns per-message results and why the connection was lost (None if it was not)."""
-
     def deliver(self, batch: Sequence[OutboundMessage]) -> list[str | None]:
         if not batch:
             return []
-        with self._lock:
-            if not self._usable():
-                self.close()
-                self.open()
-            assert self._runner is not None
-            results, lost = self._runner.run(self._publish(batch))
+        if not self._usable():
+            self.close()
+            self.open()
+        assert self._runner is not None
+        results, lost = self._runner.run(self._publish(batch))
         if lost is not None and not any(r is None for r in results):
             raise SinkUnavailable(f"{self.kind} sink {self.name!r}: {lost}")
         return results
