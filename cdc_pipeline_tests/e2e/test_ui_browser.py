@@ -86,6 +86,9 @@ def ui(pg_admin_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
                 dev.wait_loaded()
                 with DagsterInstance.from_config(str(home)) as instance:
                     yield Ui(dev, instance, source, dest, config.state_dsn)
+                # Runs terminated while dagster dev still runs: stopped with them alive, its process group
+                # lingered until DagsterDev.stop's 20 s kill.
+                dev.cancel_runs(["cdc_drain_sensor", "cdc_delivery_sensor"])
     finally:
         for name in names:
             _drop(pg_admin_dsn, name)
