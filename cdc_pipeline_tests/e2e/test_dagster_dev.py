@@ -120,6 +120,9 @@ def pipeline(pg_admin_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
                     wait_for(lambda: _mirror_count(dest.dsn) == 1, 240, "the first row in the mirror")
                     print(f"dagster dev: first row through after {time.monotonic() - started:.1f} s")
                     yield DevPipeline(dev, instance, config, source, dest)
+                # The streaming runs terminated as the UI does, while dagster dev still runs: stopping it with
+                # the runs alive left its process group lingering to the 20 s kill (a 20 s teardown).
+                dev.cancel_runs(["cdc_drain_sensor", "cdc_delivery_sensor"])
     finally:
         for name in names:
             _drop(pg_admin_dsn, name)
