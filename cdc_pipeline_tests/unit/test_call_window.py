@@ -264,9 +264,15 @@ def test_the_window_fills_with_calls_of_other_groups() -> None:
     gate = threading.Barrier(8, timeout=60)
 
     class Gated(Destination):
+        arrived = 0
+
         def deliver(self, batch: Sequence[OutboundMessage]) -> list[str | None]:
-            if self.clock < 16:  # the first 8 calls wait until 8 are out at once
-                self.tick()
+            # The first 8 calls to arrive wait until 8 are out at once. Counted by arrival, not read off the
+            # clock: a 9th call that saw the clock still low would wait for partners that never come.
+            with self.lock:
+                self.arrived += 1
+                first = self.arrived <= 8
+            if first:
                 gate.wait()
             return super().deliver(batch)
 
