@@ -12,15 +12,17 @@ from __future__ import annotations
 
 from dagster import Definitions
 
-from cdc_pipeline.config import load_config
+from cdc_pipeline.config import PipelineConfig, load_config
 from cdc_pipeline.defs.api_sync import api_sync_definitions
 from cdc_pipeline.defs.backfill import backfill_definitions
 from cdc_pipeline.defs.capture import capture_definitions
 from cdc_pipeline.defs.delivery import delivery_definitions
+from cdc_pipeline.defs.delivery_run import DeliveryResource
+from cdc_pipeline.defs.drain_run import DrainResource
 from cdc_pipeline.defs.failed import failed_definitions
 from cdc_pipeline.defs.lake import lake_definitions
 from cdc_pipeline.defs.replay import replay_definitions
-from cdc_pipeline.defs.resources import resource_definitions
+from cdc_pipeline.defs.resources import CdcConfigResource, SinksResource, pyspark_resource
 from cdc_pipeline.defs.translator import CdcTranslator
 
 
@@ -38,3 +40,13 @@ def build_definitions(path: str, translator: CdcTranslator | None = None) -> Def
         replay_definitions(),
         resource_definitions(pipeline),
     )
+
+
+def resource_definitions(config: PipelineConfig) -> Definitions:
+    """`cdc` (the config), `pyspark` (the Spark session) and `sinks`: what every area's assets and ops use;
+    `drain` and `delivery`, built on them, run the streaming assets."""
+    assert config.path is not None, "the Dagster code location loads its config from a file"
+    cdc, pyspark = CdcConfigResource(config_path=config.path), pyspark_resource(config)
+    sinks = SinksResource(config_path=config.path)
+    return Definitions(resources={"cdc": cdc, "pyspark": pyspark, "sinks": sinks, "drain": DrainResource(cdc=cdc),
+                                  "delivery": DeliveryResource(cdc=cdc, pyspark=pyspark, sinks=sinks)})

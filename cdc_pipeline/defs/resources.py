@@ -4,7 +4,7 @@ dagster-dlt's `DagsterDltResource` runs a pipeline: the streaming assets' bodies
 
 from __future__ import annotations
 
-from dagster import ConfigurableResource, Definitions
+from dagster import ConfigurableResource
 from pydantic import PrivateAttr
 from pyspark.sql import SparkSession
 
@@ -59,16 +59,3 @@ def pyspark_resource(config: PipelineConfig) -> SparkResource:
     prepare_environment()
     assert config.path is not None, "the Dagster code location loads its config from a file"
     return SparkResource(config_path=config.path)
-
-
-def resource_definitions(config: PipelineConfig) -> Definitions:
-    """`cdc` (the config), `pyspark` (the Spark session) and `sinks`: what every area's assets and ops use;
-    `drain` and `delivery`, built on them, run the streaming assets."""
-    from cdc_pipeline.defs.delivery_run import DeliveryResource  # they are built on this module's resources
-    from cdc_pipeline.defs.drain_run import DrainResource
-
-    assert config.path is not None, "the Dagster code location loads its config from a file"
-    cdc, pyspark = CdcConfigResource(config_path=config.path), pyspark_resource(config)
-    sinks = SinksResource(config_path=config.path)
-    return Definitions(resources={"cdc": cdc, "pyspark": pyspark, "sinks": sinks, "drain": DrainResource(cdc=cdc),
-                                  "delivery": DeliveryResource(cdc=cdc, pyspark=pyspark, sinks=sinks)})

@@ -15,9 +15,6 @@ from pydantic import Field, SecretStr, field_validator
 from cdc_pipeline.config.base import ALIAS, StrictModel, url_with_scheme
 from cdc_pipeline.sinks.base import Sink, SinkConfigLike
 
-BATCH_SIZE = 100  # documents per import request by default
-MAX_IN_FLIGHT = 4  # requests out at once by default
-
 
 class TypesenseDestination(StrictModel):
     type: Literal["typesense"] = "typesense"

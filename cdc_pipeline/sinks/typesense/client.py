@@ -28,7 +28,6 @@ import httpx
 from cdc_pipeline.sinks.base import Limits, OutboundMessage, SinkConfigLike, Unreachable, safe_endpoint
 from cdc_pipeline.sinks.batch_plan import RequestLimits
 from cdc_pipeline.sinks.batching import BatchingSink, DestinationDown, Encoded
-from cdc_pipeline.sinks.typesense import BATCH_SIZE, MAX_IN_FLIGHT
 from cdc_pipeline.sinks.typesense.documents import (
     Change,
     change_of,
@@ -36,6 +35,10 @@ from cdc_pipeline.sinks.typesense.documents import (
     recreate_schema,
     route_problem,
 )
+
+# The sink's declared limits (sinks/base.py Limits); `sinks[].batch_size` / `max_in_flight` override them.
+BATCH_SIZE = 100  # documents per import request by default
+MAX_IN_FLIGHT = 4  # requests out at once by default
 
 MAX_REQUEST_BYTES = 64 * 1024 * 1024
 MAX_DOCUMENTS = 10_000  # per import request, at most (a call is the sink's `batch_size`)

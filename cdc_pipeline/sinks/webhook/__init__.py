@@ -14,9 +14,6 @@ from cdc_pipeline.config.base import ALIAS, ENV_NAME_RE, HEADER_NAME_RE, StrictM
 from cdc_pipeline.config.errors import Loc, fail
 from cdc_pipeline.sinks.base import Sink, SinkConfigLike
 
-BATCH_SIZE = 1000  # messages per request by default
-MAX_IN_FLIGHT = 100  # requests outstanding at once by default: 5,000 requests/s at 20 ms each
-
 
 class WebhookDestination(StrictModel):
     type: Literal["webhook"] = "webhook"

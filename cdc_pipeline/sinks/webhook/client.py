@@ -56,7 +56,10 @@ from cdc_pipeline.sinks.http_guard import (
     timestamped_signature,
 )
 from cdc_pipeline.sinks.request_sink import RequestSink, Sent
-from cdc_pipeline.sinks.webhook import BATCH_SIZE, MAX_IN_FLIGHT
+
+# The sink's declared limits (sinks/base.py Limits); `sinks[].batch_size` / `max_in_flight` override them.
+BATCH_SIZE = 1000  # messages per request by default
+MAX_IN_FLIGHT = 100  # requests outstanding at once by default: 5,000 requests/s at 20 ms each
 
 KEEP_ALIVE = 10_000  # idle connections kept, at most: as many as requests were out at once (the scheduler's)
 # The whole endpoint answers for these; bisecting would multiply requests without isolating anything.
