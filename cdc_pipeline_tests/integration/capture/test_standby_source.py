@@ -34,7 +34,17 @@ def pair(request: pytest.FixtureRequest) -> Iterator[sb.Pair]:
     with sb.primary_and_standby(request.param) as pair:
         sb.create_source(pair.primary, BIG)
         sb.wait_caught_up(pair.primary, pair.standby)
+        # The tables as a new session on the standby sees them, not only the replay position (once, on 18, a
+        # test right after found them missing there; the cause is not known).
+        wait_until(lambda: _standby_tables(pair) == 2, what="the source tables on the standby")
         yield pair
+
+
+def _standby_tables(pair: sb.Pair) -> int:
+    with psycopg.connect(pair.standby.dsn("src")) as conn:
+        row = conn.execute("SELECT count(*) FROM pg_tables WHERE schemaname = 'public' AND tablename IN "
+                           "('acct', 'big')").fetchone()
+    return int(row[0]) if row else 0
 
 
 def _data(pair: sb.Pair, dest: Database | None = None, **source: Any) -> dict[str, Any]:
