@@ -10,7 +10,7 @@ the relay is bounded by the run's last position and checked against its row coun
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -104,8 +104,12 @@ class RunRows:
     @contextmanager
     def _copy(self, columns: sql.Composable, params: Sequence[object]) -> Iterator[Iterator[bytes]]:
         query = sql.SQL("COPY (SELECT {} {}) TO STDOUT").format(columns, self._where)
-        scan_in_log_order(self._conn)
-        with self._conn.cursor().copy(query, (*params, *self._args[2:])) as copy:
+        with ExitStack() as stack:
+            try:  # started inside the sink's transaction: an error of the state database's is told apart
+                scan_in_log_order(self._conn)
+                copy = stack.enter_context(self._conn.cursor().copy(query, (*params, *self._args[2:])))
+            except psycopg.Error as exc:
+                raise StateError(f"relaying typed reads from the log: {type(exc).__name__}") from exc
             rows = _blocks(copy)
             try:
                 yield rows
