@@ -288,7 +288,7 @@ def timed_delivery(config_path: Path, rows: int) -> dict[str, float]:
     from cdc_pipeline.delivery.schedule import settle
     from cdc_pipeline.delivery.spark_stage import spark_session
     from cdc_pipeline.sinks.postgres import client as pg_sink
-    from cdc_pipeline.state import store
+    from cdc_pipeline.state import change_log
 
     spent: Counter[str] = Counter()
 
@@ -306,12 +306,12 @@ def timed_delivery(config_path: Path, rows: int) -> dict[str, float]:
 
         setattr(owner, name, wrapper)
 
-    timed(store.Store, "load_batch", "load from the log (SQL -> Arrow; overlaps the sink)")
+    timed(change_log.ChangeLog, "load_batch", "load from the log (SQL -> Arrow; overlaps the sink)")
     timed(staging, "run_stage", "Spark stage (filter/transform/route/payload)")
     timed(staging, "run_arrow_stage", "Arrow stage (payload; overlaps the sink)")
     timed(reader, "messages_from", "Arrow -> messages")
     timed(pg_sink.PostgresSink, "_apply", "sink: COPY to stage + MERGE")
-    timed(store.Store, "head_run", "find the next run of typed reads in the log")
+    timed(change_log.ChangeLog, "head_run", "find the next run of typed reads in the log")
     timed(pg_sink.PostgresSink, "deliver_typed_run", "typed run relayed: log COPY -> mirror COPY + MERGE")
     # Loading and staging run one batch ahead, beside the sink: time batches by when each was settled.
     sent: list[tuple[int, float]] = []

@@ -17,8 +17,9 @@ from cdc_pipeline.delivery.backlog import problem as backlog_problem
 from cdc_pipeline.postgres import catalog, session
 from cdc_pipeline.sinks import sink_class
 from cdc_pipeline.state import relations, stats
+from cdc_pipeline.state.change_log import ChangeLog
+from cdc_pipeline.state.failed_messages import FailedMessages
 from cdc_pipeline.state.schema import schema_exists
-from cdc_pipeline.state.store import Store
 
 
 def collect(config: PipelineConfig) -> dict[str, Any]:
@@ -44,9 +45,9 @@ def collect(config: PipelineConfig) -> dict[str, Any]:
         if slot is not None:
             out["slot"] = _slot_figures(config, slot, progress)
         out["log"] = stats.log_stats(conn, schema)
-        store = Store(schema)
+        change_log, failed = ChangeLog(schema), FailedMessages(schema)
         for sink in config.sinks:
-            out["sinks"][sink.name] = _sink_figures(config, sink, conn, store)
+            out["sinks"][sink.name] = _sink_figures(config, sink, conn, change_log, failed)
         out["backfills"], out["backfills_text"] = _backfills(config, conn, slot)
         changes = relations.schema_changes(conn, schema)  # capture/schema_changes.py
         out["schema_changes"] = {t.qualified: changes[t.qualified] for t in config.tables if t.qualified in changes}
@@ -71,17 +72,18 @@ def _slot_figures(config: PipelineConfig, slot: dict[str, Any], progress: dict[s
     }
 
 
-def _sink_figures(config: PipelineConfig, sink: SinkConfig, conn: psycopg.Connection, store: Store) -> dict[str, Any]:
+def _sink_figures(config: PipelineConfig, sink: SinkConfig, conn: psycopg.Connection, change_log: ChangeLog,
+                  failed: FailedMessages) -> dict[str, Any]:
     schema = config.state.schema_name
     offset = stats.sink_offset_row(conn, schema, sink.name)
     pos = offset["position"] if offset else (0, -1)
     out: dict[str, Any] = {
         "offset": position_text(pos), "offset_lsn": position_lsn_text(pos),
-        "lag_messages": store.count_after(conn, sink.tables, pos, sink=sink.name),
+        "lag_messages": change_log.count_after(conn, sink.tables, pos, sink=sink.name),
         "delivered": offset["delivered"] if offset else 0,
         "filtered": offset["filtered"] if offset else 0,
         "rows_read": offset["rows_read"] if offset else 0,  # log rows read, by all its lanes
-        **store.failed_summary(conn, sink.name),
+        **failed.failed_summary(conn, sink.name),
         "updated_at": offset["updated_at"].isoformat() if offset else None,
         # Set while a running delivery waits for its destination to come back.
         "waiting_for_destination": offset["waiting_reason"] if offset else None,
@@ -93,10 +95,10 @@ def _sink_figures(config: PipelineConfig, sink: SinkConfig, conn: psycopg.Connec
             "offset_lsn": position_lsn_text(r["position"]), "delivered": r["delivered"],
             "rows_read": r["rows_read"],  # log rows this lane read: about 1/N of them when selected
             # Log messages after the lane's offset, all lanes' (an upper bound of its own).
-            "behind_messages": store.count_after(conn, sink.tables, r["position"], sink=sink.name),
+            "behind_messages": change_log.count_after(conn, sink.tables, r["position"], sink=sink.name),
             "waiting_for_destination": r["waiting_reason"]} for r in offset["lanes"]]
     out.update(sink_class(sink).status(sink, conn, schema))
-    age = store.oldest_age(conn, sink.tables, pos, sink=sink.name)
+    age = change_log.oldest_age(conn, sink.tables, pos, sink=sink.name)
     # How old the oldest change not delivered yet is (0: caught up): what `lag_below_max` checks.
     out["lag_seconds"] = round(age, 3) if age is not None else 0.0
     stopped = backlog_problem(config, sink, age)

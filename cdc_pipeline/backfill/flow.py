@@ -13,7 +13,8 @@ from cdc_pipeline.config import PipelineConfig
 from cdc_pipeline.postgres import catalog
 from cdc_pipeline.state.backfill_pages import PageStore
 from cdc_pipeline.state.backfills import BackfillSpec, BackfillStore
-from cdc_pipeline.state.store import Store
+from cdc_pipeline.state.change_log import ChangeLog
+from cdc_pipeline.state.sink_offsets import SinkOffsets
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,8 @@ class Flow:
         self.config = config
         self.spec = spec
         self.store = store
-        self.log_store = Store(config.state.schema_name)
+        self.offsets = SinkOffsets(config.state.schema_name)  # the sinks' backlogs
+        self.change_log = ChangeLog(config.state.schema_name)
         self.pages = PageStore(config.state.schema_name)
         self.drain = DrainWatch(config.source.slot, store)
         self._last_backlog_check = 0.0
@@ -106,12 +108,12 @@ class Flow:
         self.backlog_estimate = 0
         self._backlog_note = ""
         for name in self.spec.sinks:
-            offset = self.log_store.sink_offset(state, name)
+            offset = self.offsets.sink_offset(state, name)
             in_flight, ours = self.pages.backlog_share(state, bid, offset)
             backlog = in_flight + ours
             if backlog <= limit and (count_log or backlog > limit // 2):
                 sink = self.config.sink(name)
-                backlog = in_flight + self.log_store.backlog(state, sink.tables, offset, name, limit + 1)
+                backlog = in_flight + self.change_log.backlog(state, sink.tables, offset, name, limit + 1)
                 self._last_backlog_count = now
             self.backlog_estimate = max(self.backlog_estimate, backlog)
             if backlog > limit and not self._backlog_note:

@@ -45,8 +45,10 @@ from cdc_pipeline.defs.sink_checks import build_sink_checks
 from cdc_pipeline.defs.tags import AFTER_TAG, NO_RUN_RETRIES, delivery_run_tags
 from cdc_pipeline.defs.translator import CdcTranslator, asset_args
 from cdc_pipeline.postgres import session
+from cdc_pipeline.state.change_log import ChangeLog
+from cdc_pipeline.state.failed_messages import FailedMessages
 from cdc_pipeline.state.lanes import SinkLanes
-from cdc_pipeline.state.store import Store
+from cdc_pipeline.state.sink_offsets import SinkOffsets
 
 SENSOR_CHECK_SECONDS = 30.0  # the sensor records a lagging sink's checks when no run is alive to
 # No RetryPolicy (see streaming.py): the engine rides through sink outages and parks per-message
@@ -84,8 +86,8 @@ def build_delivery_jobs(sink: SinkConfig, asset_def: AssetsDefinition) -> list[A
 def due_lanes(pipeline: PipelineConfig) -> list[tuple[str, int]]:
     """Sinks' lanes with work: messages after their offset, or parked messages whose retry is due; every lane
     of a sink whose split is to change (its new lanes make the change)."""
-    store = Store(pipeline.state.schema_name)
-    splits = SinkLanes(pipeline.state.schema_name)
+    schema = pipeline.state.schema_name
+    offsets, change_log, failed, splits = SinkOffsets(schema), ChangeLog(schema), FailedMessages(schema), SinkLanes(schema)
     out = []
     with session.connect(pipeline.state_dsn, autocommit=True) as conn:
         for sink in pipeline.sinks:
@@ -93,9 +95,9 @@ def due_lanes(pipeline: PipelineConfig) -> list[tuple[str, int]]:
                 out += [(sink.name, lane) for lane in range(sink.lanes)]
                 continue
             for lane in range(sink.lanes):
-                offset = store.sink_offset(conn, sink.name, lane)
-                if store.backlog(conn, sink.tables, offset, sink.name, 1) or store.due_retries(conn, sink.name, 1,
-                                                                                               lane):
+                offset = offsets.sink_offset(conn, sink.name, lane)
+                if change_log.backlog(conn, sink.tables, offset, sink.name, 1) or failed.due_retries(conn, sink.name, 1,
+                                                                                                     lane):
                     out.append((sink.name, lane))
     return out
 

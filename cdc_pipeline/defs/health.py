@@ -24,9 +24,10 @@ from cdc_pipeline.config import PipelineConfig, SinkConfig
 from cdc_pipeline.core.positions import Position, lsn_text, position_lsn_text
 from cdc_pipeline.delivery.backlog import problem as backlog_problem
 from cdc_pipeline.postgres import catalog, session
-from cdc_pipeline.state import relations, stats
+from cdc_pipeline.state import relations, slot_progress, stats
+from cdc_pipeline.state.change_log import ChangeLog
 from cdc_pipeline.state.failed_messages import FailedMessages
-from cdc_pipeline.state.store import Store
+from cdc_pipeline.state.sink_offsets import SinkOffsets
 
 SLOT_LAG_CHECK = "slot_lag_below_max"
 SINK_LAG_CHECK = "lag_below_max"
@@ -44,7 +45,7 @@ def slot_figures(pipeline: PipelineConfig) -> dict[str, Any]:
         slot = catalog.slot_info(src, pipeline.source.slot)
         server = source_server.identify(src)
     with session.connect(pipeline.state_dsn, autocommit=True) as conn:
-        committed, since_commit = Store(pipeline.state.schema_name).slot_progress(conn, pipeline.source.slot)
+        committed, since_commit = slot_progress.heartbeat(conn, pipeline.state.schema_name, pipeline.source.slot)
         source = source_server.figures(server, source_server.load(conn, pipeline.state.schema_name,
                                                                   pipeline.source.slot))
     # Which server is read, and the failovers seen: as `status` says them.
@@ -64,7 +65,7 @@ def slot_figures(pipeline: PipelineConfig) -> dict[str, Any]:
 def log_head(pipeline: PipelineConfig, tables: list[str]) -> Position:
     """The change log's last position among `tables` (the change log asset's `log_head`)."""
     with session.connect(pipeline.state_dsn, autocommit=True) as conn:
-        return Store(pipeline.state.schema_name).log_head(conn, tables)
+        return ChangeLog(pipeline.state.schema_name).log_head(conn, tables)
 
 
 def log_rows(pipeline: PipelineConfig) -> int:
@@ -87,13 +88,14 @@ def slot_check(pipeline: PipelineConfig, key: AssetKey, figures: dict[str, Any])
 
 
 def sink_figures(pipeline: PipelineConfig, sink: SinkConfig) -> dict[str, Any]:
-    store = Store(pipeline.state.schema_name)
+    schema = pipeline.state.schema_name
+    offsets, change_log, failed = SinkOffsets(schema), ChangeLog(schema), FailedMessages(schema)
     with session.connect(pipeline.state_dsn, autocommit=True) as conn:
-        offset = store.sink_offset(conn, sink.name)
-        age = store.oldest_age(conn, sink.tables, offset, sink=sink.name)
-        backlog = store.backlog(conn, sink.tables, offset, sink.name, BACKLOG_LIMIT) if age is not None else 0
-        delivered = store.delivered_total(conn, sink.name)
-        parked = store.failed_summary(conn, sink.name)
+        offset = offsets.sink_offset(conn, sink.name)
+        age = change_log.oldest_age(conn, sink.tables, offset, sink=sink.name)
+        backlog = change_log.backlog(conn, sink.tables, offset, sink.name, BACKLOG_LIMIT) if age is not None else 0
+        delivered = offsets.delivered_total(conn, sink.name)
+        parked = failed.failed_summary(conn, sink.name)
         changes = relations.schema_changes(conn, pipeline.state.schema_name)  # capture/schema_changes.py
     last = "; ".join(f"{t}: {c.get('summary')} (at {c.get('at')})" + (
         f" FINDING: its rows must be read again and no backfill could be started: run `{c['reread_blocked']['fix']}`"

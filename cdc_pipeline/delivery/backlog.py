@@ -22,9 +22,11 @@ import threading
 import psycopg
 
 from cdc_pipeline.config import PipelineConfig, SinkConfig
+from cdc_pipeline.core.positions import Position
 from cdc_pipeline.postgres import session
 from cdc_pipeline.state.backfills import BackfillError, BackfillStore
-from cdc_pipeline.state.store import Position, Store
+from cdc_pipeline.state.change_log import ChangeLog
+from cdc_pipeline.state.sink_offsets import SinkOffsets
 
 log = logging.getLogger(__name__)
 
@@ -47,21 +49,21 @@ def problem(config: PipelineConfig, sink: SinkConfig, age_seconds: float | None)
             "switch it to `stream: rows` to re-synchronise it with a backfill")
 
 
-def enforce(config: PipelineConfig, sink: SinkConfig, store: Store, conn: psycopg.Connection,
-            offset: Position) -> tuple[Position, bool]:
+def enforce(config: PipelineConfig, sink: SinkConfig, change_log: ChangeLog, offsets: SinkOffsets,
+            conn: psycopg.Connection, offset: Position) -> tuple[Position, bool]:
     """(offset to deliver from, whether a resync was started now). Raises BacklogExceeded."""
     if config.state.max_backlog_hours is None:
         return offset, False
-    age = store.oldest_age(conn, sink.tables, offset, sink=sink.name)
+    age = change_log.oldest_age(conn, sink.tables, offset, sink=sink.name)
     error = problem(config, sink, age)
     if error:
         log.error(error)
         raise BacklogExceeded(error)
     if age is None or age <= config.state.max_backlog_hours * 3600:
         return offset, False
-    head = store.log_head(conn, sink.tables, sink=sink.name)
+    head = change_log.log_head(conn, sink.tables, sink=sink.name)
     try:  # the offset moves past the log only with the resync backfills that replace it: one transaction
-        registered = _move_and_register(config, sink, store, conn, head)
+        registered = _move_and_register(config, sink, offsets, conn, head)
     except (psycopg.OperationalError, BackfillError) as exc:
         conn.rollback()
         log.warning("sink %s is %.2f h behind (more than state.max_backlog_hours) but its resync cannot start "
@@ -78,7 +80,7 @@ def enforce(config: PipelineConfig, sink: SinkConfig, store: Store, conn: psycop
     return head, True
 
 
-def _move_and_register(config: PipelineConfig, sink: SinkConfig, store: Store, conn: psycopg.Connection,
+def _move_and_register(config: PipelineConfig, sink: SinkConfig, offsets: SinkOffsets, conn: psycopg.Connection,
                        head: Position) -> list[str]:
     """Move the sink's offset to ``head`` and register (claim) the resync backfill of each of its tables, in
     one committed transaction of ``conn``; the backfills' ids (their runner locks still held by ``conn``).
@@ -92,7 +94,7 @@ def _move_and_register(config: PipelineConfig, sink: SinkConfig, store: Store, c
     backfills = BackfillStore(config.state.schema_name)
     claimed: list[str] = []
     try:
-        store.advance_offset(conn, sink.name, head, 0, 0, 0, None)  # opens the transaction the claims join
+        offsets.advance_offset(conn, sink.name, head, 0, 0, 0, None)  # opens the transaction the claims join
         for spec, shape in zip(specs, shapes, strict=True):
             backfill_id, _ = backfills.claim(conn, spec, shape.primary_key, shape.keyset, ORIGIN, None,
                                              max_parallel=config.backfill.max_parallel)

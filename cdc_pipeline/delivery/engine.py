@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import psycopg
 
 from cdc_pipeline.config import PipelineConfig, SinkConfig
+from cdc_pipeline.core.positions import Position
 from cdc_pipeline.delivery.enrichment import Enricher
 from cdc_pipeline.delivery.feed import Feed
 from cdc_pipeline.delivery.housekeeping import Housekeeping
@@ -44,7 +45,9 @@ from cdc_pipeline.postgres import session
 from cdc_pipeline.sinks import build_sink, takes_typed
 from cdc_pipeline.sinks.base import OutboundMessage, Sink, SinkContext
 from cdc_pipeline.state import notify
-from cdc_pipeline.state.store import Position, Store
+from cdc_pipeline.state.change_log import ChangeLog
+from cdc_pipeline.state.failed_messages import FailedMessages
+from cdc_pipeline.state.sink_offsets import SinkOffsets
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -71,8 +74,10 @@ class Deliverer:
     def __init__(self, config: PipelineConfig, sink_config: SinkConfig, spark: SparkSession | LazySpark,
                  sink: Sink | None = None, lane: int = 0, parts: Parts = Parts()) -> None:
         self.config, self.sink_config, self.spark = config, sink_config, spark
-        self.store = store = Store(config.state.schema_name)
-        self.tables = tables = SourceTables(store, config.state_dsn)
+        # The state tables, each handed to the parts that use it: the log, the offsets, the parked messages.
+        schema = config.state.schema_name
+        self.change_log, self.sink_offsets, self.failed = ChangeLog(schema), SinkOffsets(schema), FailedMessages(schema)
+        self.tables = tables = SourceTables(schema, config.state_dsn)
         # What the sink gets from its delivery (sinks/base.py); its session's state connection is set per session.
         self.context = SinkContext(sink_config.name, config.state.schema_name, config.state_dsn, spark,
                                    describe=lambda table: tables.describe(self.context.state, table))
@@ -84,19 +89,20 @@ class Deliverer:
                          if sink_config.enrichment else None)  # enrichment.py
         self._stop = threading.Event()
         self.dispatch = Dispatch(self.sink, self.limits, self._stop)  # schedule/dispatch.py
-        self.lane = parts.lane(sink_config.name, lane, sink_config.lanes, store, self._stop)  # lane_keeper.py
+        self.lane = parts.lane(sink_config.name, lane, sink_config.lanes, self.sink_offsets, self._stop)  # lane_keeper.py
         self._live = Liveness()  # which failures are the destination's rather than a message's (outage.py)
         self.stats: DeliveryStats | None = None
-        self.offsets = parts.offsets(store, config.state_dsn, sink_config.name, lane)
+        self.offsets = parts.offsets(self.sink_offsets, self.change_log, config.state_dsn, sink_config.name, lane)
         self.plan = SinkPlan.build(config, sink_config)
-        self.stager = Stager(spark, self.plan, sink_config, store, self.enricher, tables.primary_key)
-        self.parking = parts.parking(sink_config, lane, store, self._live, self.stager, self.send,
-                                     min(self.batch_size, RETRY_CHUNK))
-        self.housekeeping = parts.housekeeping(config, sink_config, store, self.lane, self.parking)
+        self.stager = Stager(spark, self.plan, sink_config, tables, self.enricher)
+        self.parking = parts.parking(sink_config, lane, self.failed, self.change_log, self._live, self.stager,
+                                     self.send, min(self.batch_size, RETRY_CHUNK))
+        self.housekeeping = parts.housekeeping(config, sink_config, self.change_log, self.sink_offsets, self.lane,
+                                               self.parking)
         # Typed reads reach the sink as typed rows only on the Arrow path of a sink that writes them as they are.
         typed_rows = sink_config.enrichment is None and takes_typed(config, sink_config, type(self.sink))
-        relay = Relay(sink_config, lane, store, self.sink, self._live, self.offsets)
-        self.reader = Reader(config, sink_config, store, self.stager, self.lane, relay, self.batch_size,
+        relay = Relay(sink_config, lane, self.failed, self.change_log, self.sink, self._live, self.offsets)
+        self.reader = Reader(config, sink_config, self.change_log, self.stager, self.lane, relay, self.batch_size,
                              typed_rows, type(self.sink).gather_seconds(sink_config), self._stop)  # reader.py
         self.feed = Feed(self.reader, self.lane.name, config.delivery.idle_seconds, self.housekeeping.resyncing)
         self.settler = Settler(sink_config.name, self.parking, self.offsets, self._live)  # schedule/settle.py
@@ -132,7 +138,7 @@ class Deliverer:
                 stats.waiting = None  # both databases answer again (the recorded wait ends at the next send)
                 offset = self.housekeeping.start(conn, offset)
                 stats.offset = offset = self._loop(conn, offset, stats, started, until_idle, seconds)
-                stats.lag_messages = self.store.count_after(conn, self.sink_config.tables, offset, sink=name)
+                stats.lag_messages = self.change_log.count_after(conn, self.sink_config.tables, offset, sink=name)
                 conn.commit()
                 stats.waiting = None
             finally:

@@ -16,17 +16,18 @@ from cdc_pipeline.delivery import backlog
 from cdc_pipeline.delivery.lane_keeper import LaneKeeper
 from cdc_pipeline.delivery.parking import ParkingLot
 from cdc_pipeline.delivery.run_pass import Pass
-from cdc_pipeline.state.store import Store
+from cdc_pipeline.state.change_log import ChangeLog
+from cdc_pipeline.state.sink_offsets import SinkOffsets
 
 
 class Housekeeping:
     waits_out_outages = True  # a long-running delivery rides through outages (outage.py ride_through)
 
-    def __init__(self, config: PipelineConfig, sink_config: SinkConfig, store: Store, lane: LaneKeeper,
-                 parking: ParkingLot) -> None:
+    def __init__(self, config: PipelineConfig, sink_config: SinkConfig, change_log: ChangeLog, offsets: SinkOffsets,
+                 lane: LaneKeeper, parking: ParkingLot) -> None:
         self.config = config
         self.sink_config = sink_config
-        self.store = store
+        self.change_log, self.offsets = change_log, offsets  # the backlog rule's (backlog.py)
         self.lane = lane
         self.parking = parking
         self.resyncs: list[threading.Thread] = []  # backfills re-syncing a row stream (backlog.py)
@@ -35,7 +36,7 @@ class Housekeeping:
     def start(self, conn: psycopg.Connection, offset: Position) -> Position:
         """A session's start: the backlog rule (a row stream resynced, a change stream stopped). The offset."""
         self._backlog_due = time.monotonic() + backlog.CHECK_SECONDS
-        offset, resync = backlog.enforce(self.config, self.sink_config, self.store, conn, offset)
+        offset, resync = backlog.enforce(self.config, self.sink_config, self.change_log, self.offsets, conn, offset)
         if self.config.state.max_backlog_hours is not None:
             self.resyncs = backlog.start_resync(self.config, self.sink_config, backlog.resync_tables(
                 self.config, self.sink_config, conn, resync))
@@ -58,15 +59,15 @@ class Housekeeping:
                 self.parking.retry_due(run.conn, run.stats)
         if not got:
             return False
-        run.window.reset(self.store.parked_groups(run.conn, self.sink_config.name, self.lane.lane)
-                         if self.sink_config.message_grouping else set())
+        run.window.reset(self.parking.parked_groups(run.conn) if self.sink_config.message_grouping else set())
         run.conn.commit()
         return True
 
     def _enforce_backlog(self, run: Pass) -> None:
         """state.max_backlog_hours during a run: a row stream too far behind restarts from a resync."""
         self._backlog_due = time.monotonic() + backlog.CHECK_SECONDS
-        new_offset, resync = backlog.enforce(self.config, self.sink_config, self.store, run.conn, run.offset)
+        new_offset, resync = backlog.enforce(self.config, self.sink_config, self.change_log, self.offsets, run.conn,
+                                              run.offset)
         run.conn.commit()
         if resync:
             run.blocks.restart(new_offset)

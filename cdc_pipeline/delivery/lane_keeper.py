@@ -16,12 +16,13 @@ from collections.abc import Sequence
 import psycopg
 
 from cdc_pipeline.core.lanes import LANE_HASH, MD5, Split, lane_name, parking_group, position_key
+from cdc_pipeline.core.positions import Position
 from cdc_pipeline.delivery.schedule.order import position_of
 from cdc_pipeline.delivery.staging import StageFailure
 from cdc_pipeline.postgres import session
 from cdc_pipeline.sinks.base import OutboundMessage, Sink
 from cdc_pipeline.state.lanes import SinkLanes
-from cdc_pipeline.state.store import Position, Store
+from cdc_pipeline.state.sink_offsets import SinkOffsets
 
 log = logging.getLogger("cdc_pipeline.delivery.engine")
 
@@ -49,14 +50,14 @@ def send_lock(name: str) -> str:
 class LaneKeeper:
     locks = True  # takes the lane's locks (a dry run takes none: dry_run.py)
 
-    def __init__(self, sink: str, lane: int, lanes: int, store: Store, stop: threading.Event) -> None:
+    def __init__(self, sink: str, lane: int, lanes: int, offsets: SinkOffsets, stop: threading.Event) -> None:
         if not 0 <= lane < lanes:
             raise ValueError(f"sink {sink!r} has {lanes} lane(s): --lane must be 0 to {lanes - 1}, not {lane}")
         self.sink = sink
         self.lane = lane
         self.lanes = lanes
-        self.store = store
-        self.splits = SinkLanes(store.schema)
+        self.offsets = offsets  # every lane's, read when the split changes
+        self.splits = SinkLanes(offsets.schema)
         self.stop = stop
         self.split = Split(lanes)
         self.generation = 0
@@ -134,7 +135,7 @@ class LaneKeeper:
             return  # changed by another process meanwhile: look again
         offsets: list[Position] = []
         for j in range(old.lanes):
-            offset = self.store.sink_offset(conn, self.sink, j)
+            offset = self.offsets.sink_offset(conn, self.sink, j)
             if sink.own_position is not None:  # what the destination committed itself may be further
                 held = sink.own_position.read(position_key(self.sink, j, old.lanes, generation))
                 offset = max(offset, held) if held is not None else offset

@@ -15,12 +15,14 @@ import pyarrow as pa
 from cdc_pipeline.config import SinkConfig
 from cdc_pipeline.core.backoff import next_delay_ms
 from cdc_pipeline.core.lanes import parking_group
+from cdc_pipeline.core.positions import Position
 from cdc_pipeline.delivery.outage import Liveness
 from cdc_pipeline.delivery.schedule.order import HELD, position_of, split_held
 from cdc_pipeline.delivery.staging import NotIsolated, StageFailure, Stager
 from cdc_pipeline.delivery.stats import DeliveryStats
 from cdc_pipeline.sinks.base import OutboundMessage, TypedRow
-from cdc_pipeline.state.store import Position, Store
+from cdc_pipeline.state.change_log import ChangeLog
+from cdc_pipeline.state.failed_messages import FailedMessages
 from cdc_pipeline.state.typed_rows import Columns
 
 # Parked messages due for a retry are staged this many at a time: a transform failing on several of
@@ -58,15 +60,20 @@ class ParkingLot:
     """One sink's parked messages: parks a batch's failures and retries the due ones through ``stager`` and
     ``send`` (the Deliverer's), sharing its view of the destination's liveness."""
 
-    def __init__(self, sink_config: SinkConfig, lane: int, store: Store, live: Liveness, stager: Stager, send: Send,
-                 retry_chunk: int) -> None:
+    def __init__(self, sink_config: SinkConfig, lane: int, failed: FailedMessages, change_log: ChangeLog,
+                 live: Liveness, stager: Stager, send: Send, retry_chunk: int) -> None:
         self.sink_config = sink_config
         self.lane = lane  # its lane's parked messages only (core/lanes.py)
-        self.store = store
+        self.failed = failed
+        self.change_log = change_log  # the due messages' log rows
         self.live = live
         self.stager = stager
         self.send = send
         self.retry_chunk = retry_chunk
+
+    def parked_groups(self, conn: psycopg.Connection) -> set[str | None]:
+        """The groups of its lane with a parked message: their later messages wait behind it."""
+        return self.failed.parked_groups(conn, self.sink_config.name, self.lane)
 
     def park_failures(self, conn: psycopg.Connection, sent: Sequence[OutboundMessage],
                        results: Sequence[str | None], held: Sequence[OutboundMessage],
@@ -96,12 +103,12 @@ class ParkingLot:
         self.live.tried(tried)
         items += [(position_of(m), m.group, HELD, 0) for m in held]
         items.sort(key=lambda it: it[0])
-        self.store.park(conn, self.sink_config.name, items, [self._delay(max(1, a)) for _, _, _, a in items],
-                        self.lane)
+        self.failed.park(conn, self.sink_config.name, items, [self._delay(max(1, a)) for _, _, _, a in items],
+                         self.lane)
         if self.sink_config.max_retries == 0:  # no retries: the first counted failure is final
             for pos, _, err, attempts in items:
                 if attempts:
-                    self.store.discard(conn, self.sink_config.name, pos, f"failed (max_retries: 0): {err}")
+                    self.failed.discard(conn, self.sink_config.name, pos, f"failed (max_retries: 0): {err}")
         return len(items)
 
     def _delay(self, attempt: int) -> int:
@@ -109,13 +116,13 @@ class ParkingLot:
         return next_delay_ms(attempt, b.initial_ms, b.max_ms, b.multiplier, b.jitter)
 
     def retry_due(self, conn: psycopg.Connection, stats: DeliveryStats) -> None:
-        due = self.store.due_retries(conn, self.sink_config.name, self.retry_chunk, self.lane)
+        due = self.failed.due_retries(conn, self.sink_config.name, self.retry_chunk, self.lane)
         if not due:
             conn.commit()
             return
         attempts = {pos: a for pos, _, a in due}
         groups = {pos: g for pos, g, _ in due}
-        batch = self.store.load_positions(conn, [pos for pos, _, _ in due])
+        batch = self.change_log.load_positions(conn, [pos for pos, _, _ in due])
         out, stage_failed = self.stager.stage(batch, self.stager.schemas(conn))
         failed_at = {pos: err for pos, _, err in stage_failed}
         messages = messages_from(out)
@@ -147,11 +154,11 @@ class ParkingLot:
             counted = self.live.counts(pos, err) and not isinstance(err, NotIsolated)
             tries = attempts[pos] + (1 if counted else 0)
             if limit is not None and tries > limit:
-                self.store.discard(conn, name, pos, f"gave up after {tries - 1} retries: {err}")
+                self.failed.discard(conn, name, pos, f"gave up after {tries - 1} retries: {err}")
                 stats.discarded += 1
             else:
-                self.store.park(conn, name, [(pos, group, err, tries)], [self._delay(max(1, tries))], self.lane)
+                self.failed.park(conn, name, [(pos, group, err, tries)], [self._delay(max(1, tries))], self.lane)
         self.live.tried(tried)
         self.live.forget(resolved)
-        self.store.resolve(conn, name, resolved)
+        self.failed.resolve(conn, name, resolved)
         conn.commit()

@@ -25,6 +25,7 @@ import psycopg
 import pyarrow as pa
 
 from cdc_pipeline.config import PipelineConfig, SinkConfig
+from cdc_pipeline.core.positions import Position
 from cdc_pipeline.delivery.lane_keeper import LaneKeeper
 from cdc_pipeline.delivery.parking import messages_from
 from cdc_pipeline.delivery.plan import empty_output
@@ -32,8 +33,7 @@ from cdc_pipeline.delivery.relay import Relay
 from cdc_pipeline.delivery.schedule.calls import MIN_LOAD, Call, cut
 from cdc_pipeline.delivery.staging import StageFailure, Stager
 from cdc_pipeline.delivery.stats import DeliveryStats
-from cdc_pipeline.state.change_log import LaneShare
-from cdc_pipeline.state.store import LOG_ARROW_SCHEMA, Position, Store
+from cdc_pipeline.state.change_log import LOG_ARROW_SCHEMA, ChangeLog, LaneShare
 from cdc_pipeline.state.typed_log import TypedRun
 from cdc_pipeline.state.typed_rows import Columns, shapes_of
 
@@ -71,12 +71,12 @@ def gather_wait(gather: float, got: int, asked: int, until_idle: bool, elapsed: 
 
 
 class Reader:
-    def __init__(self, config: PipelineConfig, sink_config: SinkConfig, store: Store, stager: Stager,
+    def __init__(self, config: PipelineConfig, sink_config: SinkConfig, change_log: ChangeLog, stager: Stager,
                  lane: LaneKeeper, relay: Relay | None, batch_size: int, typed_rows: bool, gather: float,
                  stop: threading.Event) -> None:
         self.config = config
         self.sink_config = sink_config
-        self.store = store
+        self.change_log = change_log
         self.stager = stager
         self.lane = lane
         self.relay = relay
@@ -94,8 +94,8 @@ class Reader:
         if wait:
             self._stop.wait(wait)
         if not exact and self.typed_rows and not self.lane.filters:  # a relayed run is not split in lanes
-            run = self.store.head_run(conn, self.sink_config.tables, offset, min(size, self.batch_size),
-                                      self.sink_config.name)
+            run = self.change_log.head_run(conn, self.sink_config.tables, offset, min(size, self.batch_size),
+                                           self.sink_config.name)
             conn.commit()
             if run is None:
                 return Staged(LOG_ARROW_SCHEMA.empty_table(), offset, empty_output(), [])
@@ -104,14 +104,14 @@ class Reader:
             size = run.count
         share = self.share()
         if share is not None and not exact:
-            block = self.store.load_lane_block(conn, self.sink_config.tables, offset, size * share.lanes, share,
-                                               sink=self.sink_config.name, typed=self.typed_rows,
-                                               max_bytes=self.config.delivery.batch_bytes)
+            block = self.change_log.load_lane_block(conn, self.sink_config.tables, offset, size * share.lanes, share,
+                                                    sink=self.sink_config.name, typed=self.typed_rows,
+                                                    max_bytes=self.config.delivery.batch_bytes)
             batch, covered = block.batch, block.covered
         else:
-            batch = self.store.load_batch(conn, self.sink_config.tables, offset, size,
-                                          sink=self.sink_config.name, max_bytes=self.config.delivery.batch_bytes,
-                                          typed=self.typed_rows)
+            batch = self.change_log.load_batch(conn, self.sink_config.tables, offset, size,
+                                               sink=self.sink_config.name, max_bytes=self.config.delivery.batch_bytes,
+                                               typed=self.typed_rows)
             covered = None
         schemas = self.stager.schemas(conn) if batch.num_rows else {}
         shapes = shapes_of(conn, self.config.state.schema_name, batch) if self.typed_rows and batch.num_rows else {}

@@ -14,22 +14,25 @@ import logging
 import psycopg
 
 from cdc_pipeline.config import SinkConfig
+from cdc_pipeline.core.positions import Position
 from cdc_pipeline.delivery.offset import OffsetKeeper
 from cdc_pipeline.delivery.outage import Liveness
 from cdc_pipeline.delivery.stats import DeliveryStats
 from cdc_pipeline.sinks.base import Sink
-from cdc_pipeline.state.store import Position, Store
+from cdc_pipeline.state.change_log import ChangeLog
+from cdc_pipeline.state.failed_messages import FailedMessages
 from cdc_pipeline.state.typed_log import TypedRun
 
 log = logging.getLogger(__name__)
 
 
 class Relay:
-    def __init__(self, sink_config: SinkConfig, lane: int, store: Store, sink: Sink, live: Liveness,
-                 offsets: OffsetKeeper) -> None:
+    def __init__(self, sink_config: SinkConfig, lane: int, failed: FailedMessages, change_log: ChangeLog, sink: Sink,
+                 live: Liveness, offsets: OffsetKeeper) -> None:
         self.sink_config = sink_config
         self.lane = lane
-        self.store = store
+        self.failed = failed  # a parked group stops a relay
+        self.change_log = change_log
         self.sink = sink
         self.live = live
         self.offsets = offsets
@@ -40,12 +43,12 @@ class Relay:
         none of the sink's groups is parked. False: nothing was delivered (rejected by the destination, or
         a parked group): the caller sends the run message by message."""
         name = self.sink_config.name
-        if self.sink_config.message_grouping and self.store.parked_groups(conn, name, self.lane):
+        if self.sink_config.message_grouping and self.failed.parked_groups(conn, name, self.lane):
             return False
         typed_runs = self.sink.typed_runs
         assert typed_runs is not None  # asked only of a sink that takes typed rows (reader.py)
         self.sink.context.ceiling = None  # nothing of the run is parked
-        with self.store.relay_rows(source, self.sink_config.tables, after, run, name) as blocks:
+        with self.change_log.relay_rows(source, self.sink_config.tables, after, run, name) as blocks:
             error = typed_runs(run, blocks)
         source.commit()
         if error is not None:

@@ -89,8 +89,7 @@ def replay(config: PipelineConfig, sink_name: str, start: datetime, end: datetim
 
         spark = spark_session(config.spark)
     deliverer = Deliverer(config, sink_config, spark, sink=sink)
-    store = deliverer.store
-    change_log = store.log
+    change_log = deliverer.change_log
     stats = ReplayStats(sink_name, start, end)
     started = time.monotonic()
     with session.connect(config.state_dsn) as conn:
@@ -120,7 +119,7 @@ def replay(config: PipelineConfig, sink_name: str, start: datetime, end: datetim
             for lane in range(lanes):
                 key = deliverer.context.position_key = position_key(sink_name, lane, lanes, generation)
                 own = target.own_position.read(key) if target.own_position else None
-                upto = max(store.sink_offset(conn, sink_name, lane), own or START)
+                upto = max(deliverer.sink_offsets.sink_offset(conn, sink_name, lane), own or START)
                 conn.commit()
                 log.info("replaying %s changes committed in [%s, %s) to sink %s (up to its offset %s:%s)",
                          ",".join(tables), start, through or "now", lane_name(sink_name, lane, lanes), *upto)

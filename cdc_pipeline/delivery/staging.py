@@ -4,7 +4,6 @@ those are parked, not the batch: the Deliverer's stager."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import psycopg
@@ -17,7 +16,7 @@ from cdc_pipeline.delivery.arrow_stage import run_arrow_stage
 from cdc_pipeline.delivery.enrichment import Enricher
 from cdc_pipeline.delivery.lazy_spark import LazySpark
 from cdc_pipeline.delivery.plan import SinkPlan, empty_output
-from cdc_pipeline.state.store import Store
+from cdc_pipeline.delivery.source_tables import SourceTables
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -43,18 +42,17 @@ Schemas = dict[str, list[dict[str, object]]]  # the relations' columns, for a st
 class Stager:
     """One sink's stage: enrichment, row-stream coalescing, then Arrow or Spark, bisecting runtime failures."""
 
-    def __init__(self, spark: SparkSession | LazySpark, plan: SinkPlan, sink_config: SinkConfig, store: Store,
-                 enricher: Enricher | None, key_columns: Callable[[str], tuple[str, ...]]) -> None:
+    def __init__(self, spark: SparkSession | LazySpark, plan: SinkPlan, sink_config: SinkConfig, tables: SourceTables,
+                 enricher: Enricher | None) -> None:
         self.spark = spark
         self.plan = plan
         self.sink_config = sink_config
-        self.store = store
+        self.tables = tables  # the relations' columns (records) and primary keys (row streams' deletes)
         self.enricher = enricher  # the sink's enrichment query (enrichment.py)
-        self.key_columns = key_columns  # a table's primary key columns (row streams' deletes)
 
     def schemas(self, conn: psycopg.Connection) -> Schemas:
         """What `stage` needs of the relations: their columns when Spark builds records, else nothing."""
-        return self.store.relation_columns(conn) if self.plan.needs_record else {}
+        return self.tables.columns(conn) if self.plan.needs_record else {}
 
     def stage(self, batch: pa.Table, schemas: Schemas) -> tuple[pa.Table, list[StageFailure]]:
         if self.enricher is not None and batch.num_rows:  # every path: live, parked retries, replays
@@ -63,7 +61,7 @@ class Stager:
             return self._stage_changes(batch, schemas)
         batch = rows.coalesce(batch, self.sink_config.deletes)  # rows.py: row streams, any sink type
         out, failed = self._stage_changes(batch, schemas)
-        return rows.reshape(out, rows.deleted_keys(batch, self.key_columns)), failed
+        return rows.reshape(out, rows.deleted_keys(batch, self.tables.primary_key)), failed
 
     def _stage_changes(self, batch: pa.Table, schemas: Schemas
                        ) -> tuple[pa.Table, list[StageFailure]]:

@@ -23,7 +23,8 @@ from cdc_pipeline.defs.streaming import EVENT_SECONDS
 from cdc_pipeline.defs.tags import AFTER_TAG, SINK_TAG
 from cdc_pipeline.defs.versions import STREAM_VERSION
 from cdc_pipeline.delivery.spark_stage import spark_session
-from cdc_pipeline.state.store import Store
+from cdc_pipeline.state.failed_messages import FailedMessages
+from cdc_pipeline.state.sink_offsets import SinkOffsets
 from cdc_pipeline_tests.helpers import assert_mirrored, deliver, drain, mirror_config, wait_until
 from cdc_pipeline_tests.integration.delivery.test_backlog import wait_past_limit
 
@@ -223,12 +224,12 @@ def test_sensors_keep_a_drain_alive_and_never_skip_due_retries(source_db, db_fac
         # that finds it due (and no active run) requests a run; no run key, so Dagster never dedupes it.
         source_db.execute("INSERT INTO t VALUES (1)")
         drain(config)
-        store = Store(config.state.schema_name)
+        offsets, failed = SinkOffsets(config.state.schema_name), FailedMessages(config.state.schema_name)
         with psycopg.connect(config.state_dsn) as conn:
             (lsn, idx), = conn.execute("SELECT commit_lsn, commit_idx FROM cdc_pipeline.change_log").fetchall()
-            store.sink_offset(conn, "mirror")
-            store.park(conn, "mirror", [((lsn, idx), None, "refused", 1)], [0])  # due now
-            store.advance_offset(conn, "mirror", (lsn, idx), 0, 0, 1, None)
+            offsets.sink_offset(conn, "mirror")
+            failed.park(conn, "mirror", [((lsn, idx), None, "refused", 1)], [0])  # due now
+            offsets.advance_offset(conn, "mirror", (lsn, idx), 0, 0, 1, None)
         for _ in range(3):
             data = _tick(defs, instance, "cdc_delivery_sensor")
             [request] = data.run_requests

@@ -12,7 +12,7 @@ from dagster import DagsterInstance
 from cdc_pipeline.admin.setup import setup
 from cdc_pipeline.defs import build_definitions
 from cdc_pipeline.defs.replay import REPLAY_JOB
-from cdc_pipeline.state.store import Store
+from cdc_pipeline.state import retention
 from cdc_pipeline_tests.helpers import deliver, drain, mirror_config
 
 
@@ -43,7 +43,7 @@ def test_replay_job_replays_the_configured_window(source_db, db_factory, write_c
             assert [f[b"data"] for _, f in r.xrange(key)[3:]] == [f[b"data"] for _, f in first[1:]]
 
             with psycopg.connect(config.state_dsn) as conn:
-                Store("cdc_pipeline").apply_retention(conn, 0.00001, ["stream"])
+                retention.trim_log(conn, "cdc_pipeline", 0.00001, ["stream"])
                 conn.commit()
             run = defs.resolve_job_def(REPLAY_JOB).execute_in_process(
                 instance=instance, raise_on_error=False,

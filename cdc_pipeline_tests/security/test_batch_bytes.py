@@ -6,7 +6,7 @@ from __future__ import annotations
 import psycopg
 
 from cdc_pipeline.admin.setup import setup
-from cdc_pipeline.state.store import Store
+from cdc_pipeline.state.change_log import ChangeLog
 from cdc_pipeline_tests.helpers import assert_mirrored, deliver, drain, mirror_config
 
 
@@ -23,7 +23,7 @@ def test_large_rows_split_into_byte_capped_batches(source_db, db_factory, write_
     source_db.execute("INSERT INTO big SELECT g, repeat(md5(g::text), 31250) FROM generate_series(1, 12) g")
     drain(config)
     with psycopg.connect(config.state_dsn) as conn:
-        sizes = [Store("cdc_pipeline").load_batch(conn, ["public.big"], (0, -1), 1000, max_bytes=m).num_rows
+        sizes = [ChangeLog("cdc_pipeline").load_batch(conn, ["public.big"], (0, -1), 1000, max_bytes=m).num_rows
                  for m in (3_000_000, 1, 10**9)]
     assert sizes == [3, 1, 26]  # the message that crosses the cap is the batch's last; at least one always
     stats = deliver(config, spark)

@@ -52,7 +52,7 @@ def test_mistyped_dsn_never_prints_the_password(source_db, db_factory, tmp_path,
 
 def test_failed_list_masks_a_password_in_a_stored_error(source_db, db_factory, write_config, tmp_path):
     from cdc_pipeline.admin.setup import setup
-    from cdc_pipeline.state.store import Store
+    from cdc_pipeline.state.failed_messages import FailedMessages
 
     dest = db_factory()
     source_db.execute("CREATE TABLE t (id int PRIMARY KEY)")
@@ -60,7 +60,7 @@ def test_failed_list_masks_a_password_in_a_stored_error(source_db, db_factory, w
     setup(config)
     leak = "OperationalError: connection to postgresql://u:Hunter2Secret@db.example/x failed; password=Hunter2Secret"
     with source_db.connect() as conn:
-        Store("cdc_pipeline").park(conn, "mirror", [((1, 0), None, leak, 1)], [0])
+        FailedMessages("cdc_pipeline").park(conn, "mirror", [((1, 0), None, leak, 1)], [0])
         # A row stored before masking existed (or by another writer) is masked on the way out too.
         conn.execute("INSERT INTO cdc_pipeline.failed_messages (sink, commit_lsn, commit_idx, attempts, last_error, "
                      "next_attempt_at) VALUES ('mirror', 2, 0, 1, %s, now())", (leak,))

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 import pyarrow as pa
 
 from cdc_pipeline.delivery import rows
-from cdc_pipeline.state.store import LOG_ARROW_SCHEMA
+from cdc_pipeline.state.change_log import LOG_ARROW_SCHEMA
 
 
 def log_batch(entries: list[tuple[str, str | None, str | None]]) -> pa.Table:

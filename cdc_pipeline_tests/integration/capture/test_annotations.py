@@ -18,7 +18,7 @@ from cdc_pipeline.capture import annotations
 from cdc_pipeline.delivery.arrow_stage import run_arrow_stage
 from cdc_pipeline.delivery.plan import SinkPlan
 from cdc_pipeline.delivery.spark_stage import run_stage
-from cdc_pipeline.state.store import Store
+from cdc_pipeline.state.change_log import ChangeLog
 from cdc_pipeline_tests.helpers import drain, mirror_config
 from cdc_pipeline_tests.integration.backfill.test_backfill import drain_running
 
@@ -27,7 +27,7 @@ EMIT = "SELECT pg_logical_emit_message(true, 'cdc_pipeline:annotations', %s)"
 
 def _messages(config, spark) -> list[dict]:  # type: ignore[no-untyped-def]
     with psycopg.connect(config.state_dsn) as conn:
-        batch = Store("cdc_pipeline").load_batch(conn, ["public.t"], (0, -1), 1000)
+        batch = ChangeLog("cdc_pipeline").load_batch(conn, ["public.t"], (0, -1), 1000)
     plan = SinkPlan.build(config, config.sink("mirror"))
     via_arrow = run_arrow_stage(plan, batch).column("payload").to_pylist()
     via_spark = run_stage(spark, plan, batch, {}).column("payload").to_pylist()

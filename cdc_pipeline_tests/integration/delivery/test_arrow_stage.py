@@ -10,7 +10,7 @@ from cdc_pipeline.admin.setup import setup
 from cdc_pipeline.delivery.arrow_stage import run_arrow_stage
 from cdc_pipeline.delivery.plan import SinkPlan
 from cdc_pipeline.delivery.spark_stage import run_stage
-from cdc_pipeline.state.store import Store
+from cdc_pipeline.state.change_log import ChangeLog
 from cdc_pipeline_tests.helpers import drain, mirror_config
 
 
@@ -34,7 +34,7 @@ def test_arrow_and_spark_stages_agree_byte_for_byte(source_db, db_factory, write
             source_db.execute("TRUNCATE plain")
             drain(config)
         with psycopg.connect(config.state_dsn) as conn:
-            batch = Store("cdc_pipeline").load_batch(conn, ["public.plain", "public.odd"], (0, -1), 1000)
+            batch = ChangeLog("cdc_pipeline").load_batch(conn, ["public.plain", "public.odd"], (0, -1), 1000)
         plan = SinkPlan.build(config, config.sink("mirror"))
         assert not plan.needs_record
         via_arrow = run_arrow_stage(plan, batch)

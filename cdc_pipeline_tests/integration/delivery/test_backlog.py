@@ -14,7 +14,9 @@ from cdc_pipeline.admin import status
 from cdc_pipeline.admin.setup import setup
 from cdc_pipeline.defs.health import SINK_LAG_CHECK, sink_checks, sink_figures
 from cdc_pipeline.delivery.backlog import BacklogExceeded
-from cdc_pipeline.state.store import Store
+from cdc_pipeline.state import retention
+from cdc_pipeline.state.change_log import ChangeLog
+from cdc_pipeline.state.sink_offsets import SinkOffsets
 from cdc_pipeline_tests.helpers import assert_mirrored, deliver, drain, mirror_config, rows, wait_until
 from cdc_pipeline_tests.integration.backfill.test_backfill import drain_running
 
@@ -26,9 +28,8 @@ def wait_past_limit(config, hours: float = LIMIT_HOURS) -> None:  # type: ignore
     (the one the limit is checked with)."""
     def old_enough() -> bool:
         with psycopg.connect(config.state_dsn) as conn:
-            store = Store("cdc_pipeline")
-            offset = store.sink_offset(conn, "mirror")
-            age = store.oldest_age(conn, config.sink("mirror").tables, offset, sink="mirror")
+            offset = SinkOffsets("cdc_pipeline").sink_offset(conn, "mirror")
+            age = ChangeLog("cdc_pipeline").oldest_age(conn, config.sink("mirror").tables, offset, sink="mirror")
         return age is not None and age > hours * 3600
 
     wait_until(old_enough, 60, "the backlog to pass the limit")
@@ -47,7 +48,7 @@ def test_change_stream_past_the_limit_stops_loudly_and_skips_nothing(source_db, 
     with pytest.raises(BacklogExceeded, match="sink 'mirror' is stopped.*max_backlog_hours"):
         deliver(config, spark)
     with psycopg.connect(config.state_dsn) as conn:
-        assert Store("cdc_pipeline").sink_offset(conn, "mirror") == (0, -1)  # not moved, nothing skipped
+        assert SinkOffsets("cdc_pipeline").sink_offset(conn, "mirror") == (0, -1)  # not moved, nothing skipped
         assert conn.execute("SELECT count(*) FROM cdc_pipeline.change_log").fetchone() == (30,)
     shown = status.collect(config)["sinks"]["mirror"]
     assert "is stopped" in shown["error"] and "ERROR: sink 'mirror' is stopped" in status.render(status.collect(config))
@@ -77,19 +78,19 @@ def test_row_stream_past_the_limit_is_resynced_by_a_backfill(source_db, db_facto
     source_db.execute("INSERT INTO t SELECT g, 'new' FROM generate_series(41, 60) g")
     drain(config)
     with psycopg.connect(config.state_dsn) as conn:
-        behind = Store("cdc_pipeline").log_head(conn, ["public.t"])
+        behind = ChangeLog("cdc_pipeline").log_head(conn, ["public.t"])
     wait_past_limit(config)
     with drain_running(config):
         stats = deliver(config, spark)  # until idle: waits for its resync backfill to be delivered
     assert assert_mirrored(source_db.dsn, "public.t", dest.dsn, "mirror.t") == 60
     with psycopg.connect(config.state_dsn) as conn:
         origin = conn.execute("SELECT origin, sinks, status FROM cdc_pipeline.backfills").fetchall()
-        offset = Store("cdc_pipeline").sink_offset(conn, "mirror")
+        offset = SinkOffsets("cdc_pipeline").sink_offset(conn, "mirror")
     assert origin == [("backlog-resync", ["mirror"], "completed")]
     assert offset > behind and stats.delivered == 60  # the backfill's 60 rows, not the 40 skipped changes
     # The log behind it may now be deleted: retention no longer waits for this sink.
     with psycopg.connect(config.state_dsn) as conn:
-        assert Store("cdc_pipeline").apply_retention(conn, 0.0001, ["mirror"]) >= 80
+        assert retention.trim_log(conn, "cdc_pipeline", 0.0001, ["mirror"]) >= 80
         conn.commit()
     assert {r["v"] for r in rows(dest.dsn, "mirror.t") if r["id"] <= 20} == {"v1"}
 
@@ -122,7 +123,7 @@ def test_a_running_delivery_that_falls_behind_stops_loudly(source_db, db_factory
     with pytest.raises(BacklogExceeded, match="sink 'mirror' is stopped"):  # within the start's limit
         Deliverer(config, config.sink("mirror"), spark, sink=sink).run(until_idle=False, seconds=120)
     with psycopg.connect(config.state_dsn) as conn:
-        offset = Store("cdc_pipeline").sink_offset(conn, "mirror")
+        offset = SinkOffsets("cdc_pipeline").sink_offset(conn, "mirror")
     assert offset > (0, -1)  # it delivered some, then stopped; the rest is kept in the log
     assert len(rows(dest.dsn, "mirror.t")) < 60
 
@@ -143,7 +144,7 @@ def test_a_resync_that_cannot_start_skips_nothing(source_db, db_factory, write_c
     source_db.execute("UPDATE t SET v = 2")
     drain(config)
     with psycopg.connect(config.state_dsn) as conn:
-        head = Store("cdc_pipeline").log_head(conn, ["public.t"])
+        head = ChangeLog("cdc_pipeline").log_head(conn, ["public.t"])
     wait_past_limit(config)
     # A port nothing listens on: the source is down (the state database is up).
     down = {**data, "source": {**data["source"], "dsn": conninfo.make_conninfo(source_db.dsn, port="1")}}
@@ -152,6 +153,6 @@ def test_a_resync_that_cannot_start_skips_nothing(source_db, db_factory, write_c
     tried = [r.getMessage() for r in caplog.records if "resync cannot start" in r.getMessage()]
     assert tried and tried[0].startswith("sink mirror is "), caplog.text[-3000:]
     with psycopg.connect(config.state_dsn) as conn:
-        assert Store("cdc_pipeline").sink_offset(conn, "mirror") == head  # delivered, not skipped
+        assert SinkOffsets("cdc_pipeline").sink_offset(conn, "mirror") == head  # delivered, not skipped
         assert conn.execute("SELECT count(*) FROM cdc_pipeline.backfills").fetchone() == (0,)
     assert {r["v"] for r in rows(dest.dsn, "mirror.t")} == {2}

@@ -132,7 +132,7 @@ def test_idle_database_slot_advances_by_heartbeat(source_db, db_factory, write_c
 
 
 def test_retention_deletes_only_what_every_sink_has_passed(source_db, db_factory, write_config, spark):
-    from cdc_pipeline.state.store import Store
+    from cdc_pipeline.state import retention
 
     dest = db_factory()
     source_db.execute("CREATE TABLE r (id int PRIMARY KEY)")
@@ -140,15 +140,14 @@ def test_retention_deletes_only_what_every_sink_has_passed(source_db, db_factory
     setup(config)
     source_db.execute("INSERT INTO r SELECT generate_series(1, 10)")
     drain(config)
-    store = Store("cdc_pipeline")
     with source_db.connect() as conn:
         # Nothing delivered yet: the sink still needs everything.
-        assert store.apply_retention(conn, 1e-6, ["mirror"]) == 0
+        assert retention.trim_log(conn, "cdc_pipeline", 1e-6, ["mirror"]) == 0
     deliver(config, spark)
     source_db.execute("INSERT INTO r SELECT generate_series(11, 15)")
     drain(config)
     with source_db.connect() as conn:
-        assert store.apply_retention(conn, 1e-6, ["mirror"]) == 10  # the delivered ones only
+        assert retention.trim_log(conn, "cdc_pipeline", 1e-6, ["mirror"]) == 10  # the delivered ones only
         assert conn.execute("SELECT count(*) FROM cdc_pipeline.change_log").fetchone() == (5,)
     sync(config, spark)
     assert assert_mirrored(source_db.dsn, "public.r", dest.dsn, "mirror.r") == 15

@@ -21,7 +21,8 @@ from cdc_pipeline.delivery.engine import Deliverer
 from cdc_pipeline.delivery.enrichment import EnrichmentUnavailable
 from cdc_pipeline.delivery.plan import SinkPlan
 from cdc_pipeline.delivery.spark_stage import run_stage
-from cdc_pipeline.state.store import Store
+from cdc_pipeline.state import relations
+from cdc_pipeline.state.change_log import ChangeLog
 from cdc_pipeline_tests.conftest import Database
 from cdc_pipeline_tests.helpers import drain, wait_until
 from cdc_pipeline_tests.kafka_broker import TansuBroker, broker
@@ -68,7 +69,7 @@ def test_orders_carry_their_customer_on_both_paths_and_over_kafka(
     drain(config)
     source_db.execute("UPDATE customers SET tier = 'platinum' WHERE id = 1")  # read after the change: current
     with psycopg.connect(config.state_dsn) as conn:
-        batch = Store("cdc_pipeline").load_batch(conn, ["public.orders", "public.customers"], (0, -1), 1000)
+        batch = ChangeLog("cdc_pipeline").load_batch(conn, ["public.orders", "public.customers"], (0, -1), 1000)
     deliverer = Deliverer(config, config.sink("orders"), spark)
     enriched = deliverer.enricher.enrich(batch)
     filtered = make_config(source_db, write_config, kafka.bootstrap, name="f.yaml", filter="action <> 'x'")
@@ -76,7 +77,7 @@ def test_orders_carry_their_customer_on_both_paths_and_over_kafka(
     assert plan.needs_record
     via_arrow = run_arrow_stage(SinkPlan.build(config, config.sink("orders")), enriched).column("payload").to_pylist()
     with psycopg.connect(config.state_dsn) as conn:
-        schemas = Store("cdc_pipeline").relation_columns(conn)
+        schemas = relations.relation_columns(conn, "cdc_pipeline")
     via_spark = run_stage(spark, plan, enriched, schemas).column("payload").to_pylist()
     assert via_arrow == via_spark  # byte for byte
     messages = [json.loads(p) for p in via_arrow]
@@ -154,7 +155,7 @@ def test_composite_keys_pass_one_array_per_key_column(
     source_db.execute("""INSERT INTO orders VALUES ('e"u\\\\', 1, 1), ('e"u\\\\', 2, 2), ('us', 1, 2), ('{x,y}', 3, 9)""")
     drain(config)
     with psycopg.connect(config.state_dsn) as conn:
-        batch = Store("cdc_pipeline").load_batch(conn, ["public.orders", "public.customers"], (0, -1), 1000)
+        batch = ChangeLog("cdc_pipeline").load_batch(conn, ["public.orders", "public.customers"], (0, -1), 1000)
     deliverer = DryRun(config, config.sink("orders"), spark)  # its plan and enricher, no sink
     out = run_arrow_stage(deliverer.plan, deliverer.enricher.enrich(batch))
     got = {tuple(m["record"][k] for k in ("region", "n")): m["metadata"]["enrichment"]

@@ -17,7 +17,7 @@ import pytest
 from cdc_pipeline.admin.setup import setup
 from cdc_pipeline.config import PipelineConfig
 from cdc_pipeline.delivery.enrichment import APP_NAME, Enricher, EnrichmentUnavailable
-from cdc_pipeline.state.store import Store
+from cdc_pipeline.state.change_log import ChangeLog
 from cdc_pipeline_tests.conftest import Database
 from cdc_pipeline_tests.helpers import drain, wait_until
 from cdc_pipeline_tests.integration.delivery.test_enrichment import make_config, seed
@@ -32,7 +32,7 @@ def _logged(source_db: Database, write_config: Callable[..., PipelineConfig]) ->
     source_db.execute("INSERT INTO orders SELECT g, 1 + g % 2, g FROM generate_series(1, 4) g")
     drain(config)
     with psycopg.connect(config.state_dsn) as conn:
-        batch = Store("cdc_pipeline").load_batch(conn, ["public.orders"], (0, -1), 1000)
+        batch = ChangeLog("cdc_pipeline").load_batch(conn, ["public.orders"], (0, -1), 1000)
     return config, batch
 
 

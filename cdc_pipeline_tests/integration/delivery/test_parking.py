@@ -83,7 +83,7 @@ def test_crash_before_parking_loses_nothing(source_db, db_factory, write_config,
     database records the parked message. The restart must not resume past it."""
     import pytest
 
-    from cdc_pipeline.state.store import Store
+    from cdc_pipeline.state.failed_messages import FailedMessages
 
     dest = db_factory()
     config = _prepare(source_db, dest, write_config)
@@ -96,7 +96,7 @@ def test_crash_before_parking_loses_nothing(source_db, db_factory, write_config,
         def crash(*args: object, **kwargs: object) -> None:
             raise SystemExit("killed before the state commit")  # a fault that cannot be timed for real
 
-        m.setattr(Store, "park", crash)
+        m.setattr(FailedMessages, "park", crash)
         with pytest.raises(SystemExit):
             deliver(config, spark)
     assert _parked(config) == []
@@ -114,7 +114,7 @@ def test_crash_between_sink_and_state_commit_keeps_held_messages(source_db, db_f
     mirror's recorded position must not have passed it (issue 9.2)."""
     import pytest
 
-    from cdc_pipeline.state.store import Store
+    from cdc_pipeline.state.sink_offsets import SinkOffsets
 
     dest = db_factory()
     config = _prepare(source_db, dest, write_config)
@@ -131,7 +131,7 @@ def test_crash_between_sink_and_state_commit_keeps_held_messages(source_db, db_f
         def crash(*args: object, **kwargs: object) -> None:
             raise SystemExit("killed between the mirror's commit and the state commit")
 
-        m.setattr(Store, "advance_offset", crash)
+        m.setattr(SinkOffsets, "advance_offset", crash)
         with pytest.raises(SystemExit):
             deliver(config, spark)
     assert dict(dest.execute("SELECT id, balance FROM mirror.acct"))[10] == 2  # the mirror committed

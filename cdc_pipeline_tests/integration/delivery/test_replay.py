@@ -13,7 +13,7 @@ import redis
 
 from cdc_pipeline.admin.setup import setup
 from cdc_pipeline.cli import main as cli_main
-from cdc_pipeline.state.store import Store
+from cdc_pipeline.state import retention
 from cdc_pipeline_tests.helpers import deliver, drain, mirror_config
 
 
@@ -102,7 +102,7 @@ def test_window_before_the_retained_log_is_refused(source_db, db_factory, write_
     deliver(config, spark)
     time.sleep(0.2)
     with psycopg.connect(config.state_dsn) as conn:
-        assert Store("cdc_pipeline").apply_retention(conn, 0.00001, ["mirror"]) == 1
+        assert retention.trim_log(conn, "cdc_pipeline", 0.00001, ["mirror"]) == 1
         conn.commit()
     source_db.execute("INSERT INTO t VALUES (2, 'b')")
     drain(config)

@@ -8,7 +8,8 @@ from __future__ import annotations
 import psycopg
 
 from cdc_pipeline.admin.setup import setup
-from cdc_pipeline.state.store import Store
+from cdc_pipeline.state import retention
+from cdc_pipeline.state.failed_messages import FailedMessages
 from cdc_pipeline_tests.helpers import assert_mirrored, backfill_page, deliver, drain, wait_until
 from cdc_pipeline_tests.integration.backfill.test_backfill import backfill_config
 
@@ -72,12 +73,11 @@ def test_retention_keeps_what_an_open_page_and_an_idle_sink_need(source_db, db_f
     drain(config)
     wait_older_than_retention(config.state_dsn)
     with psycopg.connect(config.state_dsn) as conn:
-        s = Store("cdc_pipeline")
-        assert s.apply_retention(conn, RETENTION_HOURS, ["mirror", "not_started"]) == 0
+        assert retention.trim_log(conn, "cdc_pipeline", RETENTION_HOURS, ["mirror", "not_started"]) == 0
         first = conn.execute("SELECT commit_lsn, commit_idx FROM cdc_pipeline.change_log "
                              "ORDER BY 1, 2 LIMIT 1").fetchone()
         assert first is not None
         conn.execute("UPDATE cdc_pipeline.sink_offsets SET commit_lsn = 9e15 WHERE sink = 'mirror'")
-        s.park(conn, "mirror", [((int(first[0]), int(first[1])), "[1]", "boom", 1)], [60000])
-        assert s.apply_retention(conn, RETENTION_HOURS, ["mirror"]) == 2
+        FailedMessages("cdc_pipeline").park(conn, "mirror", [((int(first[0]), int(first[1])), "[1]", "boom", 1)], [60000])
+        assert retention.trim_log(conn, "cdc_pipeline", RETENTION_HOURS, ["mirror"]) == 2
         conn.rollback()

@@ -30,9 +30,11 @@ from psycopg import sql
 from cdc_pipeline.admin.setup import setup
 from cdc_pipeline.cli import main
 from cdc_pipeline.config import PipelineConfig, load_config
+from cdc_pipeline.core.positions import Position
 from cdc_pipeline.delivery.plan import SinkPlan, consumer_id
 from cdc_pipeline.delivery.spark_stage import run_stage
-from cdc_pipeline.state.store import Position, Store
+from cdc_pipeline.state import relations
+from cdc_pipeline.state.change_log import ChangeLog
 from cdc_pipeline_tests.conftest import Database, _drop
 from cdc_pipeline_tests.helpers import deliver, drain
 from cdc_pipeline_tests.integration.sinks.test_sinks_brokers import REDIS_URL
@@ -461,10 +463,10 @@ def test_route_fans_out_one_stream_per_table_in_commit_order(world: World) -> No
 
 def _stage(world: World, config: PipelineConfig, sink: str) -> dict[str, str | None]:
     """run_stage over the whole log for `sink`: idempotency key -> group_key."""
-    store = Store("cdc_pipeline")
+    change_log = ChangeLog("cdc_pipeline")
     with psycopg.connect(config.state_dsn) as conn:
-        batch = store.load_batch(conn, TABLES, (0, -1), 10_000, sink=sink)  # (not other sinks' reads)
-        schemas = store.relation_columns(conn)
+        batch = change_log.load_batch(conn, TABLES, (0, -1), 10_000, sink=sink)  # (not other sinks' reads)
+        schemas = relations.relation_columns(conn, "cdc_pipeline")
     out = run_stage(world.spark, SinkPlan.build(config, config.sink(sink)), batch, schemas).to_pylist()
     return {f"{r['commit_lsn']}:{r['commit_idx']}": r["group_key"] for r in out}
 
@@ -538,11 +540,11 @@ def test_message_shape_and_stable_idempotency_keys(world: World) -> None:
     first_tx = [m for m in world.appended("f_plain") if m["metadata"]["commit_lsn"] == world.changes[0].pos[0]]
     assert len(first_tx) == 6 and len({m["metadata"]["commit_timestamp"] for m in first_tx}) == 1
     # Re-running the stage on the same log rows gives the same keys and bytes.
-    store = Store("cdc_pipeline")
+    change_log = ChangeLog("cdc_pipeline")
     for sink in ("f_plain", "f_filter"):
         with psycopg.connect(world.config.state_dsn) as conn:
-            batch = store.load_batch(conn, TABLES, (0, -1), 10_000, sink=sink)
-            schemas = store.relation_columns(conn)
+            batch = change_log.load_batch(conn, TABLES, (0, -1), 10_000, sink=sink)
+            schemas = relations.relation_columns(conn, "cdc_pipeline")
         plan = SinkPlan.build(world.config, world.config.sink(sink))
         first, again = (run_stage(world.spark, plan, batch, schemas).to_pylist() for _ in range(2))
         assert first == again
