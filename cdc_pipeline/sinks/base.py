@@ -31,8 +31,9 @@ Contract (what the delivery engine relies on):
   and counts such an error against a message only once the destination has accepted other messages.
 * Errors never contain secrets: no header values, no passwords or tokens from URLs.
 * A sink whose class says `takes_typed_rows` sets `typed_runs`, which takes a run of the log made only of
-  typed reads, relayed as COPY text blocks (state/typed_log.py; no message per row): all of it applied
-  (None) or none of it (an error; the engine then hands the run over message by message).
+  typed reads, relayed as COPY text blocks in the form it asks for (state/typed_log.py `RunRows`; no message
+  per row): all of it applied (None) or none of it (an error; the engine then hands the run over message by
+  message).
 * What a sink needs of the delivery that runs it (the state connection, Spark, source tables' shapes, where
   it records its own position) is its `context` (`SinkContext`), handed when it is built and kept current
   by that delivery: a sink has no hooks to be bound through.
@@ -49,7 +50,7 @@ import abc
 import concurrent.futures
 import contextlib
 import threading
-from collections.abc import Callable, Coroutine, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 from urllib.parse import urlsplit
@@ -61,7 +62,7 @@ if TYPE_CHECKING:  # a sink package's schema half imports this module: no psycop
 
     import psycopg
 
-    from cdc_pipeline.state.typed_log import TypedRun
+    from cdc_pipeline.state.typed_log import RunRows, TypedRun
 
 T = TypeVar("T")
 
@@ -164,7 +165,7 @@ class OwnPosition(Protocol):
         ...
 
 
-TypedRuns = Callable[["TypedRun", Iterable[bytes]], "str | None"]  # a run of typed reads: None (applied) or why not
+TypedRuns = Callable[["TypedRun", "RunRows"], "str | None"]  # a run of typed reads: None (applied) or why not
 
 
 class Sink(abc.ABC):

@@ -265,6 +265,21 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE {s}.backfill_rows SET UNLOGGED;
     """,
+    # 15: cheaper appends to the log and to staging (issue 38). Every log row paid a btree entry on commit_ts
+    # (about a quarter of a backfill page's insert into the log, and WAL the walsender then reads), though
+    # commit times only serve retention and replay windows, which read whole ranges: a BRIN index (positions
+    # and commit times grow together) costs nothing per row. A staged page is written and read whole: BRIN
+    # there too (a fifth of a page's read-and-stage). The schema-history lookup (sinks/postgres/history.py)
+    # scanned every log row after a position: a partial index holds only schema rows.
+    """
+    DROP INDEX IF EXISTS {s}.change_log_commit_ts;
+    CREATE INDEX IF NOT EXISTS change_log_commit_ts_brin ON {s}.change_log USING brin (commit_ts)
+        WITH (autosummarize = on);
+    CREATE INDEX IF NOT EXISTS change_log_schema_rows ON {s}.change_log (table_schema, table_name, commit_lsn, commit_idx)
+        WHERE action = 'schema';
+    DROP INDEX IF EXISTS {s}.backfill_rows_backfill_id_page_no_idx;
+    CREATE INDEX IF NOT EXISTS backfill_rows_page_brin ON {s}.backfill_rows USING brin (backfill_id, page_no);
+    """,
 ]
 
 
