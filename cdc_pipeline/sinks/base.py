@@ -7,11 +7,14 @@ do about a failure (hold the group back, park, retry, give up) is the delivery e
 
 Contract (what the delivery engine relies on):
 
-* `deliver(batch)` returns one result per message, in batch order: `None` = acknowledged by the
-  destination; a string = why that message failed; `NOT_SENT` = not attempted in this call.
+* `deliver(batch)` returns results in batch order, for the whole batch or a prefix of it: `None` =
+  acknowledged by the destination; a string = why that message failed; `NOT_SENT` = not attempted in this
+  call. Every message past the end of a shorter list is not attempted (`NOT_SENT`, filled in by the
+  scheduler, delivery/schedule/order.py `answered`); a sink may still say `NOT_SENT` itself. More results
+  than messages is an error of the sink's.
 * Messages arrive in commit order, and what a sink sends keeps that order within each group. A sink may
-  stop at a failure and report every later message `NOT_SENT` (the engine hands it the ones whose group
-  is still in order in a next call): sinks that send one request or transaction after another do, so a
+  stop at a failure and return the results up to it only (the engine hands it the later messages whose
+  group is still in order in a next call): sinks that send one request or transaction after another do, so a
   group never reaches the destination past its failed message. A sink that pipelines (sends before the
   earlier messages are acknowledged) declares `Limits(ordered=False)`: the engine then hands it at most one
   message per group per call, so a group's next message goes out only after the previous one was acknowledged.
@@ -28,8 +31,9 @@ Contract (what the delivery engine relies on):
   and counts such an error against a message only once the destination has accepted other messages.
 * Errors never contain secrets: no header values, no passwords or tokens from URLs.
 * A sink whose class says `takes_typed_rows` sets `typed_runs`, which takes a run of the log made only of
-  typed reads, relayed as COPY text blocks (state/typed_log.py; no message per row): all of it applied
-  (None) or none of it (an error; the engine then hands the run over message by message).
+  typed reads, relayed as COPY text blocks in the form it asks for (state/typed_log.py `RunRows`; no message
+  per row): all of it applied (None) or none of it (an error; the engine then hands the run over message by
+  message).
 * What a sink needs of the delivery that runs it (the state connection, Spark, source tables' shapes, where
   it records its own position) is its `context` (`SinkContext`), handed when it is built and kept current
   by that delivery: a sink has no hooks to be bound through.
@@ -46,7 +50,7 @@ import abc
 import concurrent.futures
 import contextlib
 import threading
-from collections.abc import Callable, Coroutine, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 from urllib.parse import urlsplit
@@ -58,7 +62,7 @@ if TYPE_CHECKING:  # a sink package's schema half imports this module: no psycop
 
     import psycopg
 
-    from cdc_pipeline.state.typed_log import TypedRun
+    from cdc_pipeline.state.typed_log import RunRows, TypedRun
 
 T = TypeVar("T")
 
@@ -161,7 +165,7 @@ class OwnPosition(Protocol):
         ...
 
 
-TypedRuns = Callable[["TypedRun", Iterable[bytes]], "str | None"]  # a run of typed reads: None (applied) or why not
+TypedRuns = Callable[["TypedRun", "RunRows"], "str | None"]  # a run of typed reads: None (applied) or why not
 
 
 class Sink(abc.ABC):
@@ -193,9 +197,9 @@ class Sink(abc.ABC):
 
     @abc.abstractmethod
     def deliver(self, batch: Sequence[OutboundMessage]) -> list[str | None]:
-        """One result per message, same order: None = acknowledged by the destination, str = why it
-        failed, NOT_SENT = not attempted (see the module doc). Raises SinkUnavailable when nothing could
-        be delivered."""
+        """A result per message of the batch or of a prefix of it, same order: None = acknowledged by the
+        destination, str = why it failed, NOT_SENT = not attempted, as is every message past the end of the
+        list (see the module doc). Raises SinkUnavailable when nothing could be delivered."""
 
     def close(self) -> None:  # noqa: B027
         """Release connections."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
@@ -180,8 +180,8 @@ class ChangeLog(SchemaStore):
         return typed_log.head_run(conn, self.schema, self.routing(sink), (list(tables), sink), after, limit)
 
     def relay_rows(self, conn: psycopg.Connection, tables: Sequence[str], after: Position, run: typed_log.TypedRun,
-                   sink: str) -> AbstractContextManager[Iterator[bytes]]:
-        """A typed run's rows as COPY text blocks, for a sink that writes them as they are."""
+                   sink: str) -> AbstractContextManager[typed_log.RunRows]:
+        """A typed run's rows, relayed as COPY text blocks to a sink that writes them as they are."""
         return typed_log.relay_rows(conn, self.schema, self.routing(sink), (list(tables), sink), after, run)
 
     def load_positions(self, conn: psycopg.Connection, positions: Sequence[Position]) -> pa.Table:

@@ -10,7 +10,7 @@ the relay is bounded by the run's last position and checked against its row coun
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -83,27 +83,50 @@ def head_run(conn: psycopg.Connection, schema: str, routing: sql.Composable, par
     return TypedRun(True, run.count, run.last, run.last_commit_ts, tuple(numbers), shape_of, tuple(tables))
 
 
+class RunRows:
+    """A typed run's rows as the sink asks for them, each a COPY of the log (text format) read a block at a
+    time: ``staged()`` rows ``seq, table_schema, table_name, shape, tup`` (``seq`` from 0 in log order);
+    ``composite()`` only each read's composite text, one line each. Only rows of the run are sent (bounded by
+    its last position, typed, of a backfill with a shape): whoever writes them checks the count. A COPY that
+    is left early is read to its end, so the other can follow on the same connection."""
+
+    def __init__(self, conn: psycopg.Connection, where: sql.Composable, args: Sequence[object]) -> None:
+        self._conn, self._where, self._args = conn, where, args
+
+    def staged(self) -> AbstractContextManager[Iterator[bytes]]:
+        return self._copy(sql.SQL("(row_number() OVER (ORDER BY commit_lsn, commit_idx) - 1)::integer, table_schema, "
+                                  "table_name, (%s::integer[])[array_position(%s::text[], backfill_id)], tup"),
+                          self._args[:2])
+
+    def composite(self) -> AbstractContextManager[Iterator[bytes]]:
+        return self._copy(sql.SQL("tup"), ())
+
+    @contextmanager
+    def _copy(self, columns: sql.Composable, params: Sequence[object]) -> Iterator[Iterator[bytes]]:
+        query = sql.SQL("COPY (SELECT {} {}) TO STDOUT").format(columns, self._where)
+        with ExitStack() as stack:
+            try:  # started inside the sink's transaction: an error of the state database's is told apart
+                scan_in_log_order(self._conn)
+                copy = stack.enter_context(self._conn.cursor().copy(query, (*params, *self._args[2:])))
+            except psycopg.Error as exc:
+                raise StateError(f"relaying typed reads from the log: {type(exc).__name__}") from exc
+            rows = _blocks(copy)
+            try:
+                yield rows
+            finally:
+                for _ in rows:  # a writer that stopped early: the COPY must still be read to its end
+                    pass
+
+
 @contextmanager
 def relay_rows(conn: psycopg.Connection, schema: str, routing: sql.Composable, params: Sequence[object],
-               after: Position, run: TypedRun) -> Iterator[Iterator[bytes]]:
-    """The typed run's rows as COPY text blocks (``seq`` from 0 in log order). Only rows of the run are sent
-    (bounded by its last position, typed, of a backfill with a shape): whoever writes them checks the count."""
+               after: Position, run: TypedRun) -> Iterator[RunRows]:
+    """The typed run's rows, relayed from the log as the sink asks (``RunRows``)."""
     assert run.typed and run.shape_of is not None
     bids = list(run.shape_of)
-    query = sql.SQL(
-        "COPY (SELECT (row_number() OVER (ORDER BY commit_lsn, commit_idx) - 1)::integer, table_schema, table_name, "
-        "(%s::integer[])[array_position(%s::text[], backfill_id)], tup "
-        "{where}AND (commit_lsn, commit_idx) <= (%s, %s) AND tup IS NOT NULL AND backfill_id = ANY(%s) "
-        "ORDER BY commit_lsn, commit_idx LIMIT %s) TO STDOUT").format(where=_where(sql.Identifier(schema), routing))
-    args = ([run.shape_of[b] for b in bids], bids, *after, *params, *run.last, bids, run.count)
-    scan_in_log_order(conn)
-    with conn.cursor().copy(query, args) as copy:
-        rows = _blocks(copy)
-        try:
-            yield rows
-        finally:
-            for _ in rows:  # a writer that stopped early: the COPY must still be read to its end
-                pass
+    where = sql.SQL("{where}AND (commit_lsn, commit_idx) <= (%s, %s) AND tup IS NOT NULL AND backfill_id = ANY(%s) "
+                    "ORDER BY commit_lsn, commit_idx LIMIT %s").format(where=_where(sql.Identifier(schema), routing))
+    yield RunRows(conn, where, ([run.shape_of[b] for b in bids], bids, *after, *params, *run.last, bids, run.count))
 
 
 def _blocks(copy: psycopg.Copy) -> Iterator[bytes]:

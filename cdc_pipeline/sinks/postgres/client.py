@@ -14,7 +14,7 @@ TRUNCATE splits the batch: messages before it, the truncate, messages after it.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import psycopg
 from psycopg import sql
@@ -25,12 +25,12 @@ from cdc_pipeline.postgres.catalog import ColumnInfo, TableInfo
 from cdc_pipeline.postgres.compose import execute
 from cdc_pipeline.postgres.keyset import parse_qualified
 from cdc_pipeline.postgres.oids import FIRST_USER_OID
-from cdc_pipeline.sinks.base import NOT_SENT, OutboundMessage, Sink, SinkConfigLike, SinkUnavailable
+from cdc_pipeline.sinks.base import OutboundMessage, Sink, SinkConfigLike, SinkUnavailable
 from cdc_pipeline.sinks.postgres import evolve, history, typed
 from cdc_pipeline.sinks.postgres.grants import grant_findings
 from cdc_pipeline.sinks.postgres.own_position import OwnPosition
 from cdc_pipeline.sinks.routes import route_problem
-from cdc_pipeline.state.typed_log import TypedRun
+from cdc_pipeline.state.typed_log import RunRows, TypedRun
 
 STAGE_WORK_MEM = "128MB"  # per sort/hash of one batch, for this transaction only
 _TRANSIENT = (psycopg.OperationalError, psycopg.errors.ConnectionTimeout)
@@ -108,7 +108,7 @@ class PostgresSink(Sink):
     # -- delivery ---------------------------------------------------------------------------------
     def deliver(self, batch: Sequence[OutboundMessage]) -> list[str | None]:
         """The batch in one transaction; if the destination rejects it, message by message up to the
-        first one it rejects (the rest NOT_SENT: the engine hands back what may follow)."""
+        first one it rejects, the results ending there (the engine hands back what may follow)."""
         if not batch:
             return []
         try:
@@ -125,11 +125,11 @@ class PostgresSink(Sink):
                 return self._up_to_first_failure(batch)
             if bad == len(batch):
                 return [None] * len(batch)
-            return [*([None] * bad), self._route_problem(batch[bad]), *([NOT_SENT] * (len(batch) - bad - 1))]
+            return [*([None] * bad), self._route_problem(batch[bad])]
         except _TRANSIENT as exc:
             raise SinkUnavailable(f"postgres sink {self.name!r}: {type(exc).__name__}: {exc}") from exc
 
-    def deliver_typed_run(self, run: TypedRun, blocks: Iterable[bytes]) -> str | None:
+    def deliver_typed_run(self, run: TypedRun, relayed: RunRows) -> str | None:
         """A run of typed reads relayed from the log (state/typed_log.py), in one transaction with the position
         of its last read. None: applied; an error: rejected, nothing applied (the engine then delivers the run
         message by message). Raises SinkUnavailable when the destination is unreachable."""
@@ -137,14 +137,16 @@ class PostgresSink(Sink):
         try:
             with self._tracked():
                 conn = self._begin()
-                rows = typed.stage_copy(conn, blocks)
                 self._position = run.last  # the reads are one position's: no schema change among them
-                if rows != run.count:
-                    raise _RunMismatch(f"typed run: {run.count} reads expected, {rows} relayed")
-                if len(run.shapes) == 1:
-                    typed.apply_one_shape(conn, rows, run.tables, run.shapes[0], self._sync_table, self._plain)
-                else:
-                    self._mirror(rows, list(run.shapes))
+                copied, plain = self._copy_run(conn, run, relayed)
+                if not copied:
+                    with relayed.staged() as blocks:
+                        rows = typed.stage_copy(conn, blocks)
+                    self._check_count(run, rows)
+                    if len(run.shapes) == 1:
+                        typed.apply_one_shape(conn, rows, run.tables, run.shapes[0], self._sync_table, plain)
+                    else:
+                        self._mirror(rows, list(run.shapes))
                 self._record(run.last)
         except _TRANSIENT as exc:
             raise SinkUnavailable(f"postgres sink {self.name!r}: {type(exc).__name__}: {exc}") from exc
@@ -153,6 +155,31 @@ class PostgresSink(Sink):
             self._shapes.clear()  # tables created in the rolled-back transaction are gone
             return f"{type(exc).__name__}: {str(exc).strip()[:500]}"
         return None
+
+    def _copy_run(self, conn: psycopg.Connection, run: TypedRun, relayed: RunRows) -> tuple[bool, typed.PlainInserts | None]:
+        """One table's run of one shape COPYed straight into its mirror table, where the plain INSERT would
+        write it (typed.copy_run: an empty key range, no key twice). (Whether it was, how a run that was not is
+        applied: INSERT where allowed, else MERGE; a copy that fell back leaves it to the MERGE.)"""
+        if len(run.shapes) != 1 or len(run.tables) != 1:
+            return False, self._plain
+        (schema, name), columns = run.tables[0], run.shapes[0]
+        target, info = self._sync_table(f"{schema}.{name}")
+        if not typed.copyable(info, columns, schema, name):
+            return False, self._plain
+        if not (self._plain.wanted(target) and typed.unique_on_key(conn, target, info.primary_key)):
+            return False, None
+        with relayed.composite() as blocks:
+            rows = typed.copy_run(conn, target, columns, blocks)
+        if rows is None:  # a key there or twice: the log is read again for the MERGE
+            self._plain.fell_back(target)
+            return False, None
+        self._check_count(run, rows)
+        return True, None
+
+    @staticmethod
+    def _check_count(run: TypedRun, rows: int) -> None:
+        if rows != run.count:
+            raise _RunMismatch(f"typed run: {run.count} reads expected, {rows} relayed")
 
     def _up_to_first_failure(self, batch: Sequence[OutboundMessage]) -> list[str | None]:
         """Apply one message per transaction until the destination rejects one."""
@@ -170,7 +197,7 @@ class PostgresSink(Sink):
             results.append(error)
             if error is not None:
                 break
-        return results + [NOT_SENT] * (len(batch) - len(results))
+        return results
 
     def _apply(self, batch: Sequence[OutboundMessage]) -> None:
         with self._tracked():

@@ -8,14 +8,17 @@ a table's messages of a batch segment are cut into maximal runs of typed reads o
 other messages, applied in ``seq`` order, so per-key order holds across the two paths. A read is a row's
 full state, so within a run the last read of each key is the one applied. Columns the row does not hold
 (added to the table after it was read) keep their value, as for an unchanged TOAST value. A run of the log
-made only of typed reads is relayed from the state database's COPY into ``_cdc_typed`` (``stage_copy``,
-state/typed_log.py) without a Python object per row.
+made only of typed reads is relayed from the state database's COPY (state/typed_log.py) without a Python
+object per row: one table's reads of one shape into an empty key range of a mirror table that has their
+columns with their types are COPYed straight into it as CSV (``copy_run``: a composite text is a CSV line
+once its parentheses are gone), else into ``_cdc_typed`` (``stage_copy``) and applied as above.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Callable, Iterable, Sequence
 
 import psycopg
@@ -95,6 +98,60 @@ def _row_type(conn: psycopg.Connection, columns: Columns) -> sql.Composable:
     return ident
 
 
+def written_columns(info: TableInfo, columns: Columns, schema: str, name: str) -> list[str]:
+    """The run's columns the mirror table has (the others are left out); TypedMismatch if its key is not among them."""
+    have = {c.name for c in info.columns}
+    names = [c for c, _ in columns if c in have]
+    if not set(info.primary_key) <= set(names):
+        raise TypedMismatch(f"typed reads of {schema}.{name} do not hold its key {list(info.primary_key)} (renamed "
+                            "since they were read?): backfill the table again, then discard these")
+    return names
+
+
+def copyable(info: TableInfo, columns: Columns, schema: str, name: str) -> bool:
+    """Whether the mirror table has every column of the reads with the read's own type (format_type): then a
+    COPY of the composite text parses each value as the cast to the row type does, and assigns it unchanged.
+    A column it lacks, or of another type, leaves the run to ``apply_run``."""
+    written_columns(info, columns, schema, name)
+    types = {c.name: c.type_sql for c in info.columns}
+    return all(types.get(c) == t for c, t in columns)
+
+
+_COPY_ESCAPE = re.compile(rb"\\(.)", re.DOTALL)
+_COPY_UNESCAPED = {b"\\": b"\\", b"n": b"\n", b"r": b"\r", b"t": b"\t", b"b": b"\b", b"f": b"\f", b"v": b"\v"}
+
+
+def composite_csv(block: bytes) -> bytes:
+    """COPY text lines each holding a composite text (``(1,"a b",)``, record_out's) -> CSV lines of its fields
+    (``1,"a b",``). record_out already writes CSV but for the parentheses and for doubling backslashes: it
+    quotes a value that holds a quote, backslash, comma, parenthesis or space (so no line is ``\\.``), doubles
+    quotes and backslashes in it, and writes NULL as nothing (CSV's NULL) and '' as ``""``. COPY text escapes
+    (a newline inside a value is ``\\n``, so a raw one ends a row) are undone after the rows are cut."""
+    if not block:
+        return block
+    body = block[1:-2].replace(b")\n(", b"\n") + b"\n"
+    if b"\\" in body:
+        body = _COPY_ESCAPE.sub(lambda m: _COPY_UNESCAPED.get(m.group(1), m.group(0)), body).replace(b"\\\\", b"\\")
+    return body
+
+
+def copy_run(conn: psycopg.Connection, target: tuple[str, str], columns: Columns, blocks: Iterable[bytes]) -> int | None:
+    """COPY a run's composite texts (``RunRows.composite``, state/typed_log.py) into the mirror table, under a
+    savepoint: how many rows, or None when one of its keys was there already or twice in the run (a unique
+    violation: nothing written). The caller checks ``copyable`` and the unique index on the key first."""
+    query = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(
+        sql.Identifier(*target), sql.SQL(", ").join(sql.Identifier(c) for c, _ in columns))
+    rows = 0
+    try:
+        with conn.transaction(), conn.cursor().copy(query) as copy:
+            for block in blocks:
+                rows += block.count(b"\n")  # one line per row in COPY text
+                copy.write(composite_csv(block))
+    except psycopg.errors.UniqueViolation:
+        return None
+    return rows
+
+
 class PlainInserts:
     """Which mirror tables a run of typed reads is written to by plain INSERT instead of MERGE (a MERGE joins
     every read to the table: about 1.4x the work of inserting). The INSERT runs under a savepoint, so it is
@@ -119,7 +176,7 @@ class PlainInserts:
         self._merge_for[target] = self.BACKOFF_RUNS
 
 
-def _unique_on_key(conn: psycopg.Connection, target: tuple[str, str], pk: Sequence[str]) -> bool:
+def unique_on_key(conn: psycopg.Connection, target: tuple[str, str], pk: Sequence[str]) -> bool:
     """Whether the mirror table has a unique index on columns of its key (its primary key, as the sink creates
     it): without one a plain INSERT could add a second row for a key."""
     row = conn.execute(
@@ -135,11 +192,7 @@ def apply_run(conn: psycopg.Connection, target: tuple[str, str], info: TableInfo
     """Upsert the last typed read of each key among one table's reads of one shape with seq in [lo, hi]: by
     plain INSERT where the mirror holds none of their keys (``PlainInserts``), else by MERGE."""
     pk = info.primary_key
-    have = {c.name for c in info.columns}
-    names = [c for c, _ in columns if c in have]
-    if not set(pk) <= set(names):
-        raise TypedMismatch(f"typed reads of {schema}.{name} do not hold its key {list(pk)} (renamed since they "
-                            "were read?): backfill the table again, then discard these")
+    names = written_columns(info, columns, schema, name)
     row_type = _row_type(conn, columns)
     key = sql.SQL(", ").join(sql.SQL("(q.v).{}").format(sql.Identifier(k)) for k in pk)
     # OFFSET 0 keeps the cast in the subquery: one parse per row, not one per column of (q.v).*.
@@ -151,7 +204,7 @@ def apply_run(conn: psycopg.Connection, target: tuple[str, str], info: TableInfo
     params = (schema, name, shape, lo, hi)
     cols = sql.SQL(", ").join(map(sql.Identifier, names))
     values = sql.SQL(", ").join(sql.SQL("s.{}").format(sql.Identifier(c)) for c in names)
-    if plain is not None and plain.wanted(target) and _unique_on_key(conn, target, pk):
+    if plain is not None and plain.wanted(target) and unique_on_key(conn, target, pk):
         try:
             with conn.transaction():  # a savepoint: the INSERT is all or nothing
                 execute(conn, sql.SQL("INSERT INTO {t} ({cols}) SELECT {values} FROM ({reads}) s").format(

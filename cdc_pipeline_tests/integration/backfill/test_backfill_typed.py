@@ -406,3 +406,100 @@ def test_typed_reads_into_an_empty_key_range_are_inserted_and_a_taken_key_falls_
         apply(conn, "nokey", range(1, 3), "r3")  # no unique index on the key: merged, key 1 not doubled
         assert db.execute("SELECT id, v FROM public.nokey ORDER BY id") == [(1, "r3"), (2, "r3")]
         assert plain._merge_for == {}
+
+
+def test_a_run_copied_into_an_empty_key_range_is_its_composite_text_cast_or_nothing(db_factory) -> None:
+    """The fast path of a run (typed.copy_run): composite texts relayed as COPY text and COPYed into the mirror
+    table as CSV give exactly the rows their cast to the row type gives (every type, quotes, backslashes,
+    tabs, newlines, NULL and ''), in one block or one block per row. A key already there, a key twice in the
+    run, or a key a concurrent writer is inserting makes it write nothing (its savepoint), and a mirror table
+    that lacks a column of the reads or has another type for one is not copied to."""
+    import threading
+    from dataclasses import replace
+
+    from cdc_pipeline.backfill.typed import typed_columns
+    from cdc_pipeline.postgres.catalog import describe_table
+    from cdc_pipeline.sinks.postgres import typed
+
+    db = db_factory()
+    db.execute(DDL)
+    db.execute(ROWS)
+    with db.connect() as conn:
+        columns = typed_columns(conn, "public", "typed", ())
+        assert columns is not None
+        body = ", ".join(f'"{c}" {t}' for c, t in columns)
+        conn.execute(f"CREATE TABLE public.m ({body}, PRIMARY KEY (id)); CREATE TABLE public.expected ({body})")
+        conn.execute("CREATE TABLE public.log AS SELECT ROW(t.*)::text AS tup FROM public.typed t ORDER BY id")
+        conn.execute("INSERT INTO public.expected SELECT (tup::public.expected).* FROM public.log")
+        with conn.cursor().copy("COPY (SELECT tup FROM public.log) TO STDOUT") as copy:
+            rows = [bytes(d) for d in copy]
+    same = ("SELECT (SELECT count(*) FROM (SELECT * FROM public.m EXCEPT SELECT * FROM public.expected) a), "
+            "(SELECT count(*) FROM (SELECT * FROM public.expected EXCEPT SELECT * FROM public.m) b)")
+    with psycopg.connect(db.dsn) as conn, psycopg.connect(db.dsn) as writer:
+        for blocks in ([b"".join(rows)], rows):
+            conn.execute("TRUNCATE public.m")
+            assert typed.copy_run(conn, ("public", "m"), columns, blocks) == 3
+            assert conn.execute(same).fetchone() == (0, 0)
+        conn.commit()
+        twice = [rows[1], rows[2], rows[1]]
+        conn.execute("DELETE FROM public.m WHERE id <> 1")
+        for blocks in ([rows[1], rows[0]], twice):  # key 1 there already; key 2 twice
+            assert typed.copy_run(conn, ("public", "m"), columns, blocks) is None
+            assert conn.execute("SELECT array_agg(id) FROM public.m").fetchone() == ([1],)  # nothing written
+        conn.commit()
+        writer.execute("INSERT INTO public.m (id) VALUES (3)")  # in flight while the run is copied
+        result: list[int | None] = []
+        worker = threading.Thread(target=lambda: result.append(typed.copy_run(conn, ("public", "m"), columns,
+                                                                               [rows[1], rows[2]])))
+        worker.start()
+        wait_until(lambda: db.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")[0][0] > 0, 30,
+                   "the run's COPY to wait for the writer's key")
+        writer.commit()
+        worker.join(60)
+        assert result == [None]
+        conn.rollback()
+        info = describe_table(conn, "public", "m")
+        assert info is not None and typed.copyable(info, columns, "public", "typed")
+        lacking = replace(info, columns=tuple(c for c in info.columns if c.name != "big"))
+        other_type = replace(info, columns=tuple(replace(c, type_sql="text") if c.name == "i4" else c
+                                                 for c in info.columns))
+        assert not typed.copyable(lacking, columns, "public", "typed")
+        assert not typed.copyable(other_type, columns, "public", "typed")
+        with pytest.raises(typed.TypedMismatch):
+            typed.copyable(info, columns[1:], "public", "typed")
+
+
+def test_a_typed_run_into_a_partly_filled_mirror_falls_back_to_the_merge(db_factory, write_config, spark,
+                                                                        monkeypatch) -> None:
+    """A run of typed reads into an empty mirror is COPYed into it; a second backfill's run, whose keys the
+    mirror partly holds (one deleted, one changed behind the pipeline's back), cannot be: it is relayed
+    again and merged, and the mirror ends equal to the source with the sink's position at the log's end."""
+    from cdc_pipeline.sinks.postgres import typed
+
+    source, dest = db_factory(), db_factory()
+    source.execute(DDL)
+    source.execute(ROWS)
+    config = _config(source, dest, write_config, slot="cdc_typed_partly")
+    copied: list[int | None] = []
+    original = typed.copy_run
+
+    def spy(*args: Any) -> int | None:
+        copied.append(original(*args))
+        return copied[-1]
+
+    monkeypatch.setattr(typed, "copy_run", spy)
+    answers, calls = _spy_typed_batches(monkeypatch)
+    backfill(config, "public.typed", sinks=("mirror",))
+    deliver(config, spark, sink="mirror")
+    assert (copied, answers, calls) == ([3], [None], [])
+    dest.execute("DELETE FROM mirror.typed WHERE id = 1; UPDATE mirror.typed SET t = 'stale' WHERE id = 2")
+    backfill(config, "public.typed", sinks=("mirror",))
+    deliver(config, spark, sink="mirror")
+    assert (copied, answers, calls) == ([3, None], [None, None], [])
+    assert assert_mirrored(source.dsn, "public.typed", dest.dsn, "mirror.typed") == 3
+    with psycopg.connect(config.state_dsn) as conn, psycopg.connect(dest.dsn) as dconn:
+        last = conn.execute("SELECT commit_lsn, commit_idx FROM cdc_pipeline.change_log "
+                            "ORDER BY commit_lsn DESC, commit_idx DESC LIMIT 1").fetchone()
+        mine = dconn.execute("SELECT commit_lsn, commit_idx FROM cdc_pipeline_sink.offsets "
+                             "WHERE sink = 'mirror'").fetchone()
+    assert last is not None and mine == last
