@@ -293,6 +293,10 @@ class PageReader:
         except psycopg.errors.QueryCanceled:
             if self.spec.sort_column is not None:
                 return None
+            if src.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                # The block's own ROLLBACK can be cancelled too when the limit is tiny and the machine busy
+                # (seen once): the planner's estimate is read in a clean session, not an aborted transaction.
+                src.rollback()
             return catalog.estimated_rows(src, shape.schema, shape.name)
 
     def ensure_relation(self, src: psycopg.Connection, state: psycopg.Connection) -> None:

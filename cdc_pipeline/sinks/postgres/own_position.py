@@ -4,16 +4,22 @@ database's never applies a batch twice. One row per key: the sink's name, or a l
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import psycopg
 from psycopg import sql
 
 from cdc_pipeline.core.positions import Position
+from cdc_pipeline.sinks.base import SinkContext
 from cdc_pipeline.sinks.postgres import OFFSETS_SCHEMA
 
-if TYPE_CHECKING:
-    from cdc_pipeline.sinks.postgres.client import PostgresSink as Sink
+
+class Sink(Protocol):
+    """What of the Postgres sink its own position uses (the sink itself: client.py, which builds this)."""
+
+    conn: psycopg.Connection | None
+    context: SinkContext
+
 
 _TABLE = sql.SQL("{}.offsets").format(sql.Identifier(OFFSETS_SCHEMA))
 
