@@ -105,18 +105,28 @@ def page_run(conn: psycopg.Connection, schema: str, tables: Sequence[str], sink:
         "ORDER BY p.high_lsn, p.high_idx LIMIT %s").format(s=s),
         (sink, list(tables), *after, PAGES_AHEAD)).fetchall()
     spans = _spans(pages, after, limit)
-    # Its pages' reads alone in the range, else only the first page's (changes between pages end a run).
-    for span in (spans, spans[:1]) if len(spans) > 1 else (spans,):
-        count, end = sum(n for _, _, n, _ in span), span[-1][1] if span else after
-        bids = sorted({bid for bid, _, _, _ in span})
-        found = conn.execute(sql.SQL(
-            "SELECT count(*), count(*) FILTER (WHERE tup IS NOT NULL AND backfill_id = ANY(%s)) FROM {s}.change_log "
-            "WHERE (commit_lsn, commit_idx) > (%s, %s) AND (commit_lsn, commit_idx) <= (%s, %s)").format(s=s),
-            (bids, *after, *end)).fetchone()
-        if count and found is not None and (int(found[0]), int(found[1])) == (count, count):
-            break
-    else:
+    if not spans:
         return None
+    # Each page's range counted (one index range read in all): the run is the pages up to the first whose
+    # range holds anything but its own typed reads (a change between two pages ends a run).
+    ends = [end for _, end, _, _ in spans]
+    counts = conn.execute(sql.SQL(
+        "SELECT c.n, c.typed FROM unnest(%s::bigint[], %s::integer[], %s::bigint[], %s::integer[], %s::text[]) "
+        "WITH ORDINALITY AS r(lo_lsn, lo_idx, hi_lsn, hi_idx, bid, i), LATERAL (SELECT count(*) AS n, "
+        "count(*) FILTER (WHERE tup IS NOT NULL AND backfill_id = r.bid) AS typed FROM {s}.change_log "
+        "WHERE (commit_lsn, commit_idx) > (r.lo_lsn, r.lo_idx) AND (commit_lsn, commit_idx) <= (r.hi_lsn, r.hi_idx)) c "
+        "ORDER BY r.i").format(s=s),
+        ([e[0] for e in [after, *ends[:-1]]], [e[1] for e in [after, *ends[:-1]]], [e[0] for e in ends],
+         [e[1] for e in ends], [bid for bid, _, _, _ in spans])).fetchall()
+    taken = 0
+    for (_, _, reads, _), (n, typed) in zip(spans, counts, strict=True):
+        if (int(n), int(typed)) != (reads, reads):
+            break
+        taken += 1
+    span = spans[:taken]
+    if not span or not sum(n for _, _, n, _ in span):
+        return None
+    count, end, bids = sum(n for _, _, n, _ in span), span[-1][1], sorted({bid for bid, _, _, _ in span})
     last = conn.execute(sql.SQL(
         "SELECT commit_lsn, commit_idx, commit_ts FROM {s}.change_log WHERE (commit_lsn, commit_idx) <= (%s, %s) "
         "ORDER BY commit_lsn DESC, commit_idx DESC LIMIT 1").format(s=s), end).fetchone()
