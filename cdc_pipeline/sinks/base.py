@@ -7,11 +7,14 @@ do about a failure (hold the group back, park, retry, give up) is the delivery e
 
 Contract (what the delivery engine relies on):
 
-* `deliver(batch)` returns one result per message, in batch order: `None` = acknowledged by the
-  destination; a string = why that message failed; `NOT_SENT` = not attempted in this call.
+* `deliver(batch)` returns results in batch order, for the whole batch or a prefix of it: `None` =
+  acknowledged by the destination; a string = why that message failed; `NOT_SENT` = not attempted in this
+  call. Every message past the end of a shorter list is not attempted (`NOT_SENT`, filled in by the
+  scheduler, delivery/schedule/order.py `answered`); a sink may still say `NOT_SENT` itself. More results
+  than messages is an error of the sink's.
 * Messages arrive in commit order, and what a sink sends keeps that order within each group. A sink may
-  stop at a failure and report every later message `NOT_SENT` (the engine hands it the ones whose group
-  is still in order in a next call): sinks that send one request or transaction after another do, so a
+  stop at a failure and return the results up to it only (the engine hands it the later messages whose
+  group is still in order in a next call): sinks that send one request or transaction after another do, so a
   group never reaches the destination past its failed message. A sink that pipelines (sends before the
   earlier messages are acknowledged) declares `Limits(ordered=False)`: the engine then hands it at most one
   message per group per call, so a group's next message goes out only after the previous one was acknowledged.
@@ -194,9 +197,9 @@ class Sink(abc.ABC):
 
     @abc.abstractmethod
     def deliver(self, batch: Sequence[OutboundMessage]) -> list[str | None]:
-        """One result per message, same order: None = acknowledged by the destination, str = why it
-        failed, NOT_SENT = not attempted (see the module doc). Raises SinkUnavailable when nothing could
-        be delivered."""
+        """A result per message of the batch or of a prefix of it, same order: None = acknowledged by the
+        destination, str = why it failed, NOT_SENT = not attempted, as is every message past the end of the
+        list (see the module doc). Raises SinkUnavailable when nothing could be delivered."""
 
     def close(self) -> None:  # noqa: B027
         """Release connections."""

@@ -16,7 +16,8 @@ from cdc_pipeline.sinks.base import EventLoopThread, OutboundMessage, Sink, Sink
 
 
 class Sent(NamedTuple):
-    """What one request did: a result per message (None, an error, `NOT_SENT`, `Unreachable`), and why the
+    """What one request did: a result per message, or per message of a prefix of the request (the rest not
+    attempted, as `Sink.deliver`'s; None, an error, `NOT_SENT`, `Unreachable`), and why the
     destination as a whole is down if it is (the scheduler then sends nothing more: its messages not
     acknowledged are `Unreachable`)."""
 

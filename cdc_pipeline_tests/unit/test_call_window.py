@@ -66,8 +66,9 @@ def test_a_block_cut_into_calls_loses_and_moves_nothing(rows: int, size: int, da
 
 class Destination(Sink):
     """Acknowledges each message after a random pause, refuses the poison keys, and stops at its first
-    failure of a call (the rest NOT_SENT), as a sink sending one request after another does. Records every
-    message it was handed, with when its call began and ended."""
+    failure of a call, as a sink sending one request after another does: the rest NOT_SENT, or (at random)
+    no results for them at all (a prefix). Records every message it was handed, with when its call began and
+    ended."""
 
     name = "memory"
 
@@ -102,13 +103,20 @@ class Destination(Sink):
             self.peak = max(self.peak, self.out)
             return began, self.random.random() * 0.002
 
+    def prefix_only(self) -> bool:
+        with self.lock:
+            return self.random.random() < 0.5
+
     def end(self, batch: Sequence[OutboundMessage], began: int) -> list[str | None]:
         if not self.ordered:  # a call that is not `ordered` holds one message per group at most
             own = [m.group for m in batch if m.group is not None]
             assert len(own) == len(set(own)), own
         results: list[str | None] = []
+        prefix = self.prefix_only()
         for m in batch:
             if any(r is not None for r in results):
+                if prefix:
+                    break  # the results end at the failure: the scheduler counts the rest not attempted
                 results.append(NOT_SENT)
                 continue
             with self.lock:
@@ -117,7 +125,7 @@ class Destination(Sink):
         ended = self.tick()
         with self.lock:
             self.out -= 1
-            for m, r in zip(batch, results, strict=True):
+            for m, r in zip(batch, results, strict=False):  # (a prefix)
                 if r is not NOT_SENT:
                     self.ended[m.key] = ended
         return results

@@ -1,7 +1,7 @@
 """Hand messages to a sink in the calls its ordering needs, and apply the engine's policy to the results.
 
-The sink reports raw per-message outcomes; `GroupOrder` (order.py) decides what each call carries and
-what is held back. A request sink's calls go through the scheduler's requests (requests.py). Before each call
+The sink reports raw per-message outcomes (for a prefix of the call, the rest not attempted: order.py `answered`);
+`GroupOrder` (order.py) decides what each call carries and what is held back. A request sink's calls go through the scheduler's requests (requests.py). Before each call
 the sink learns the earliest position the engine will park, so a sink that commits its own position never
 records one past a message that is not delivered yet.
 """
@@ -12,7 +12,7 @@ import threading
 from collections.abc import Sequence
 
 from cdc_pipeline.core.positions import Position
-from cdc_pipeline.delivery.schedule.order import GroupOrder, position_of
+from cdc_pipeline.delivery.schedule.order import GroupOrder, answered, position_of
 from cdc_pipeline.delivery.schedule.requests import Requests, Stopped
 from cdc_pipeline.sinks.base import Limits, OutboundMessage, Sink, SinkUnavailable, Unreachable
 from cdc_pipeline.sinks.request_sink import RequestSink
@@ -47,7 +47,7 @@ class Dispatch:
                     raise
                 order.give_up(call, Unreachable(f"not delivered: {exc}"))
                 break
-            order.record(call, results)
+            order.record(call, answered(results, len(call), self.sink.name))
         return order.outcome()
 
 

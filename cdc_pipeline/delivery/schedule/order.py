@@ -5,8 +5,9 @@ behind it (parked with it and retried after it), whatever the sink did with them
 Ungrouped messages (group None) order nothing. `GroupOrder` decides what the sink gets in each call
 and turns the sink's raw results (None, an error, NOT_SENT) into the batch's outcome:
 
-* a sink that stops at a failure reports the rest NOT_SENT: they come back in the next call, minus the
-  messages of groups that failed (held, never sent);
+* a sink that stops at a failure answers for the messages up to it only (`answered`: every message after the
+  results it returned is NOT_SENT, not attempted); they come back in the next call, minus the messages of
+  groups that failed (held, never sent);
 * a sink that pipelines (`one_per_group`: its `Limits` not `ordered`) gets rounds: at most one message per group per call, a
   group's next message only after the previous one was acknowledged;
 * what a sink did deliver past its group's failure in the same call is held all the same.
@@ -20,7 +21,7 @@ from collections import deque
 from collections.abc import Collection, Iterable, Sequence
 
 from cdc_pipeline.core.positions import Position
-from cdc_pipeline.sinks.base import NotSent, OutboundMessage
+from cdc_pipeline.sinks.base import NOT_SENT, NotSent, OutboundMessage
 
 HELD = "held behind an earlier failed message of its group"
 _UNDECIDED = NotSent("\x00undecided")  # placeholder; never returned (compared by identity)
@@ -53,6 +54,14 @@ def split_held(messages: Sequence[OutboundMessage], parked_groups: Collection[st
 
 class SinkContractError(RuntimeError):
     """A sink's results cannot be squared with its order (wrong count, or a group sent out of order)."""
+
+
+def answered(results: Sequence[str | None], n: int, sink: str) -> list[str | None]:
+    """A sink's results for a call of `n` messages, one per message: the sink may answer for a prefix of the call
+    only (it stopped there), every message after that is NOT_SENT. The one place a short answer is filled in."""
+    if len(results) > n:
+        raise SinkContractError(f"sink {sink!r} returned {len(results)} results for a call of {n} messages")
+    return [*results, *([NOT_SENT] * (n - len(results)))]
 
 
 class GroupOrder:

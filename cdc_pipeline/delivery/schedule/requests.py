@@ -5,7 +5,8 @@ window out together, window.py), never a group out of order.
 A request waits until the previous request holding any of its groups has returned, so a group's later message
 is sent only after its earlier one was acknowledged. A request one of whose groups stalled (a message not
 acknowledged: failed or not sent) is not sent at all, and its groups stall in turn: reported NOT_SENT, the
-dispatcher hands back what may still follow (dispatch.py). Ungrouped messages wait for nothing. A message the
+dispatcher hands back what may still follow (dispatch.py). A request the sink answered for a prefix of only has
+the rest NOT_SENT (order.py `answered`). Ungrouped messages wait for nothing. A message the
 sink sends `alone` waits for every earlier request, and every later one waits for it. Once a request says the
 destination is down nothing more goes out until the requests beside it are back: if none of them was
 acknowledged it is down (what is left is not sent), else that request went unanswered and the rest go.
@@ -18,6 +19,7 @@ import contextlib
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 
+from cdc_pipeline.delivery.schedule.order import answered
 from cdc_pipeline.sinks.base import NOT_SENT, OutboundMessage, SinkUnavailable, Unreachable
 from cdc_pipeline.sinks.request_sink import RequestSink
 
@@ -66,11 +68,12 @@ class Requests:
                 sent = await self.sink.send(batch[chunk.start:chunk.stop])
             finally:
                 live.returned()
-            results[chunk.start:chunk.stop] = sent.results
-            if all(r is None for r in sent.results):  # the usual request: every message acknowledged
+            got = answered(sent.results, len(chunk), self.sink.name)
+            results[chunk.start:chunk.stop] = got
+            if all(r is None for r in got):  # the usual request: every message acknowledged
                 live.acked()
                 return set()
-            if any(r is None for r in sent.results):
+            if any(r is None for r in got):
                 live.acked()
             if sent.down is not None:
                 live.suspect(began, sent.down)

@@ -10,8 +10,9 @@
   produced together (a flush sends what is queued at once). A message librdkafka refuses before sending
   (larger than `max_message_bytes`, an unknown or untrusted topic) fails alone.
 * A producer in a fatal state (librdkafka's `_FATAL`: an unrecoverable sequence gap, a fenced producer) is
-  an outage of the sink, not any message's failure: nothing more is produced in the call (NOT_SENT: the
-  scheduler hands them back), the message it refused is `Unreachable`, and the next call builds a new producer.
+  an outage of the sink, not any message's failure: nothing more is produced in the call (its results end
+  there: the scheduler hands the rest back), the message it refused is `Unreachable`, and the next call builds
+  a new producer.
 * Outage: an unreachable broker is `SinkUnavailable` (open() asks for metadata first), and a broker that
   goes away during a call ends the call once all brokers have been down for DOWN_GRACE_S (or the
   delivery timeout passes): what is not acknowledged is purged and reported `Unreachable`, the producer is
@@ -28,7 +29,6 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from cdc_pipeline.sinks.base import (
-    NOT_SENT,
     Limits,
     OutboundMessage,
     Sink,
@@ -129,8 +129,8 @@ class KafkaSink(Sink):
         call = _Call([_PENDING] * len(batch))
         for i, m in enumerate(batch):
             if self._fatal is not None:  # the producer died under this call: the rest waits for a new one
-                call.results[i] = NOT_SENT
-                continue
+                del call.results[i:]  # not attempted: the results end here
+                break
             error = topic_problem(m.route, self.route_prefixes) or self._produce(producer, m, i, call)
             if error is not None:
                 call.results[i] = error
@@ -147,7 +147,7 @@ class KafkaSink(Sink):
             lost = lost or isinstance(results[i], Unreachable)
         if lost:  # start over with a fresh producer: whatever it still holds was reported undelivered
             self.close()
-            if all(isinstance(r, (Unreachable, type(NOT_SENT))) for r in results):
+            if all(isinstance(r, Unreachable) for r in results):
                 raise SinkUnavailable(f"kafka sink {self.name!r}: {self.servers} did not acknowledge anything: "
                                       f"{next(r for r in results if isinstance(r, Unreachable))}")
         return results

@@ -7,7 +7,7 @@ holds between its two marks. A mirror's batch is reduced to one effect per key (
 window again (a replay) leaves the table as it was.
 
 A message whose values the lake type cannot hold exactly fails (named column); the call stops there: what
-precedes it is written, what follows is NOT_SENT (the engine hands it back).
+precedes it is written, the results end at it (what follows is not attempted: the engine hands it back).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from cdc_pipeline.core.positions import Position
 from cdc_pipeline.postgres.oids import FIRST_USER_OID
-from cdc_pipeline.sinks.base import NOT_SENT, OutboundMessage, Sink, SinkConfigLike, SinkUnavailable
+from cdc_pipeline.sinks.base import OutboundMessage, Sink, SinkConfigLike, SinkUnavailable
 from cdc_pipeline.sinks.lake import effects, fault, rows, values
 from cdc_pipeline.sinks.lake.position import NONE, Marks
 
@@ -104,10 +104,8 @@ class LakeSink(Sink):
             except self.transient as exc:
                 raise SinkUnavailable(f"{self.fmt} sink {self.name!r}: {type(exc).__name__}: "
                                       f"{_first_line(exc)}") from exc
-        done = len(parsed)
-        if error is None:
-            return [None] * done
-        return [*([None] * done), error, *([NOT_SENT] * (len(batch) - done - 1))]
+        written: list[str | None] = [None] * len(parsed)
+        return written if error is None else [*written, error]
 
     def _check(self, m: OutboundMessage, parsed: list[rows.Parsed], shapes: dict[str, rows.Shape]) -> str | None:
         """Parse `m` into `parsed`, or say why it cannot be written."""

@@ -25,7 +25,7 @@ from cdc_pipeline.postgres.catalog import ColumnInfo, TableInfo
 from cdc_pipeline.postgres.compose import execute
 from cdc_pipeline.postgres.keyset import parse_qualified
 from cdc_pipeline.postgres.oids import FIRST_USER_OID
-from cdc_pipeline.sinks.base import NOT_SENT, OutboundMessage, Sink, SinkConfigLike, SinkUnavailable
+from cdc_pipeline.sinks.base import OutboundMessage, Sink, SinkConfigLike, SinkUnavailable
 from cdc_pipeline.sinks.postgres import evolve, history, typed
 from cdc_pipeline.sinks.postgres.grants import grant_findings
 from cdc_pipeline.sinks.postgres.own_position import OwnPosition
@@ -108,7 +108,7 @@ class PostgresSink(Sink):
     # -- delivery ---------------------------------------------------------------------------------
     def deliver(self, batch: Sequence[OutboundMessage]) -> list[str | None]:
         """The batch in one transaction; if the destination rejects it, message by message up to the
-        first one it rejects (the rest NOT_SENT: the engine hands back what may follow)."""
+        first one it rejects, the results ending there (the engine hands back what may follow)."""
         if not batch:
             return []
         try:
@@ -125,7 +125,7 @@ class PostgresSink(Sink):
                 return self._up_to_first_failure(batch)
             if bad == len(batch):
                 return [None] * len(batch)
-            return [*([None] * bad), self._route_problem(batch[bad]), *([NOT_SENT] * (len(batch) - bad - 1))]
+            return [*([None] * bad), self._route_problem(batch[bad])]
         except _TRANSIENT as exc:
             raise SinkUnavailable(f"postgres sink {self.name!r}: {type(exc).__name__}: {exc}") from exc
 
@@ -197,7 +197,7 @@ class PostgresSink(Sink):
             results.append(error)
             if error is not None:
                 break
-        return results + [NOT_SENT] * (len(batch) - len(results))
+        return results
 
     def _apply(self, batch: Sequence[OutboundMessage]) -> None:
         with self._tracked():

@@ -6,8 +6,8 @@
   `<signature_header>-V2`, with the Unix time in `X-CDC-Timestamp` (so a receiver can refuse replays).
 * A rejected request (non-2xx) of more than one message is bisected, halves sent left then right, until
   the rejected message is isolated, so one poison message does not fail its neighbours. A request stops
-  at its first failure (the rest reported NOT_SENT: the scheduler hands back those whose group is still in
-  order), so nothing of a group is sent past its failed message.
+  at its first failure and its results end there (the scheduler hands back those of the rest whose group is
+  still in order), so nothing of a group is sent past its failed message.
 * Statuses that speak for the whole endpoint (3xx, 401, 403, 407, 429, 502, 503, 504) are not bisected
   and say the endpoint is down: the scheduler sends nothing more (requests already out finish); with nothing
   acknowledged the batch is retried later, else the rest of it fails. Connection refused / DNS failure / connect timeout are handled the same way.
@@ -36,7 +36,6 @@ from collections.abc import Mapping, Sequence
 
 from cdc_pipeline.core.metrics_registry import REQUEST_SECONDS, REQUESTS_IN_FLIGHT
 from cdc_pipeline.sinks.base import (
-    NOT_SENT,
     EventLoopThread,
     Limits,
     OutboundMessage,
@@ -135,35 +134,25 @@ class WebhookSink(RequestSink):
         return self._runner
 
     async def send(self, batch: Sequence[OutboundMessage]) -> Sent:
-        results: list[str | None] = [NOT_SENT] * len(batch)
-        idx = list(range(len(batch)))
+        results: list[str | None] = []  # in order, up to the first failure: what follows is not attempted
         try:
-            await self._attempt(batch, idx, results)
+            await self._attempt(batch, results)
         except _EndpointDown as exc:
-            for i in idx:
-                if results[i] is NOT_SENT:
-                    results[i] = Unreachable(f"not sent: {exc}")
-            return Sent(results, str(exc))
+            return Sent([*results, *[Unreachable(f"not sent: {exc}")] * (len(batch) - len(results))], str(exc))
         return Sent(results)
 
-    async def _attempt(self, batch: Sequence[OutboundMessage], idx: list[int], results: list[str | None]) -> bool:
-        """POST these messages, bisecting a rejection down to its message; True if one failed (the
-        messages after it are then NOT_SENT)."""
+    async def _attempt(self, batch: Sequence[OutboundMessage], results: list[str | None]) -> bool:
+        """POST these messages, bisecting a rejection down to its message, their results added to `results`;
+        True if one failed (nothing after it is sent)."""
         try:
-            await self._post([batch[i].payload for i in idx], [batch[i].key for i in idx])
+            await self._post([m.payload for m in batch], [m.key for m in batch])
         except _ChunkFailed as exc:
-            if exc.bisect and len(idx) > 1:
-                mid = len(idx) // 2
-                if await self._attempt(batch, idx[:mid], results):  # left first: keeps group order
-                    for i in idx[mid:]:
-                        results[i] = NOT_SENT
-                    return True
-                return await self._attempt(batch, idx[mid:], results)
-            for i in idx:
-                results[i] = exc.reason
+            if exc.bisect and len(batch) > 1:
+                mid = len(batch) // 2  # left first: keeps group order
+                return await self._attempt(batch[:mid], results) or await self._attempt(batch[mid:], results)
+            results += [exc.reason] * len(batch)
             return True
-        for i in idx:
-            results[i] = None
+        results += [None] * len(batch)
         return False
 
     async def _post(self, payloads: list[bytes], keys: list[str]) -> None:
