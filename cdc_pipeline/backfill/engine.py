@@ -25,7 +25,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import psycopg
 
@@ -51,6 +51,16 @@ POLL_SECONDS = 0.05
 # After a lost session, how long the runner lock may stay held (by our old session, until the server ends
 # it: its keepalives take about 30 s) before another runner is assumed.
 LOCK_WAIT_S = 90.0
+
+
+@dataclass
+class _ReadPoint:
+    """Where a runner's reading stands: the next page, its cursor, whether pages are left, the page size."""
+
+    page: int
+    cursor: list[str] | None
+    reading: bool
+    optimizer: PageSizeOptimizer
 
 
 class RunnerLockHeld(RuntimeError):
@@ -243,86 +253,112 @@ class Backfiller:
     def _run(self, src: psycopg.Connection, state: psycopg.Connection, reader: PageReader, progress: Progress,
              started: float) -> None:
         bid = progress.backfill_id
-        cfg = self.config.backfill
         key = self.store.mac_key(state, bid)
         primary = self._primary or src
+        at = self._resume_point(state, primary, bid, key, progress)
+        while at.reading:
+            gate = self._gate(src, state, progress, started)
+            if gate == "stop":
+                break
+            if gate == "wait":
+                continue
+            if not self._read_page(src, state, primary, reader, key, at, progress):
+                break
+            self.flow.cleanup(state, bid)
+            self._report(state, progress, started, "running" if at.reading else "completing")
+        if progress.status not in ("interrupted", "cancelled"):
+            self._await_completion(src, state, progress, started)
+        self._finish(state, progress, started)
+
+    def _resume_point(self, state: psycopg.Connection, primary: psycopg.Connection, bid: str, key: str | None,
+                      progress: Progress) -> _ReadPoint:
+        """Where reading goes on: after the last staged page whose rows are still there, with every staged
+        page's high watermark sent again (see the module docstring)."""
+        cfg = self.config.backfill
         pages = self.store.pages(state, bid)
         lost = self.flow.pages.first_lost(state, bid)
-        if lost is not None:  # see the module docstring
+        if lost is not None:
             log.warning("backfill %s: the staged rows of pages %s-%s are gone (the state database crashed?): "
                         "reading them again", bid, lost, pages[-1]["page_no"])
             self.flow.pages.discard_from(state, bid, lost)
             pages = [p for p in pages if p["page_no"] < lost]
         for page in pages:
-            if page["status"] == "staged":  # see the module docstring
+            if page["status"] == "staged":
                 emit(primary, Watermark(bid, page["page_no"], "high", token=page_token(page["snapshot"], page["read_at"])),
                      key)
         last = pages[-1] if pages else None
-        next_page = last["page_no"] + 1 if last else 0
-        cursor: list[str] | None = list(last["cursor"]) if last and last["cursor"] is not None else None
-        reading = not (last and last["last"])
-        progress.resumed_from_page = next_page if progress.resumed else 0
+        at = _ReadPoint(
+            page=last["page_no"] + 1 if last else 0,
+            cursor=list(last["cursor"]) if last and last["cursor"] is not None else None,
+            reading=not (last and last["last"]),
+            optimizer=PageSizeOptimizer(max_query_ms=self.max_query_ms, maximum=cfg.max_page_size, initial=min(
+                next((int(p["page_size"]) for p in reversed(pages)), cfg.initial_page_size), cfg.max_page_size)))
+        progress.resumed_from_page = at.page if progress.resumed else 0
         progress.pages_staged = len(pages)
         progress.rows_staged = sum(int(p["rows"]) for p in pages)
-        initial = next((int(p["page_size"]) for p in reversed(pages)), cfg.initial_page_size)
-        optimizer = PageSizeOptimizer(max_query_ms=self.max_query_ms, initial=min(initial, cfg.max_page_size),
-                                      maximum=cfg.max_page_size)
-        progress.page_size = optimizer.size
+        progress.page_size = at.optimizer.size
         if progress.resumed:
-            log.info("backfill %s: resuming at page %s, cursor %s", bid, next_page, cursor)
-        while reading:
-            if self._stop.is_set():
-                progress.status = "interrupted"
+            log.info("backfill %s: resuming at page %s, cursor %s", bid, at.page, at.cursor)
+        return at
+
+    def _gate(self, src: psycopg.Connection, state: psycopg.Connection, progress: Progress, started: float) -> str:
+        """Before a page: "stop" (stopped, cancelled), "wait" (paused, or flow control holds reading), "go"."""
+        bid = progress.backfill_id
+        if self._stop.is_set():
+            progress.status = "interrupted"
+            return "stop"
+        status = self.store.status(state, bid)
+        if status == "cancelled":
+            progress.status = "cancelled"
+            return "stop"
+        staged = self.flow.staged(state, bid)
+        progress.drain_warning = self.flow.drain.update(src, state, staged)
+        if status == "paused":
+            self._report(state, progress, started, "paused", "paused: `cdc-pipeline backfill resume " + bid + "`")
+            time.sleep(0.5)
+            return "wait"
+        wait = self.flow.must_wait(state, bid, staged)
+        if wait:
+            self._report(state, progress, started, "waiting", wait)
+            time.sleep(POLL_SECONDS)
+            return "wait"
+        return "go"
+
+    def _read_page(self, src: psycopg.Connection, state: psycopg.Connection, primary: psycopg.Connection,
+                   reader: PageReader, key: str | None, at: _ReadPoint, progress: Progress) -> bool:
+        """Read and stage the page at ``at`` between its watermarks and move ``at`` past it; False when
+        stopped while a standby caught up."""
+        bid = progress.backfill_id
+        self.flow.pages.count_attempt(state, bid)
+        progress.page_attempts_this_run += 1
+        emit(primary, Watermark(bid, at.page, "low"), key)
+        # On a standby, the page's snapshot must see everything the stream places before the low watermark.
+        if primary is not src and not standby.wait_replayed(src, primary, self._stop):
+            progress.status = "interrupted"
+            return False
+        while True:
+            size = at.optimizer.size
+            try:
+                page = reader.read_and_stage(src, state, bid, at.page, at.cursor, size)
                 break
-            status = self.store.status(state, bid)
-            if status == "cancelled":
-                progress.status = "cancelled"
-                break
-            staged = self.flow.staged(state, bid)
-            progress.drain_warning = self.flow.drain.update(src, state, staged)
-            if status == "paused":
-                self._report(state, progress, started, "paused", "paused: `cdc-pipeline backfill resume " + bid + "`")
-                time.sleep(0.5)
-                continue
-            wait = self.flow.must_wait(state, bid, staged)
-            if wait:
-                self._report(state, progress, started, "waiting", wait)
-                time.sleep(POLL_SECONDS)
-                continue
-            self.flow.pages.count_attempt(state, bid)
-            progress.page_attempts_this_run += 1
-            emit(primary, Watermark(bid, next_page, "low"), key)
-            # On a standby, the page's snapshot must see everything the stream places before the low watermark.
-            if primary is not src and not standby.wait_replayed(src, primary, self._stop):
-                progress.status = "interrupted"
-                break
-            while True:
-                size = optimizer.size
-                try:
-                    page = reader.read_and_stage(src, state, bid, next_page, cursor, size)
-                    break
-                except psycopg.errors.QueryCanceled:
-                    progress.timeouts += 1
-                    optimizer = optimizer.observe_timeout(size)
-                    log.info("backfill %s page %s: select of %s rows exceeded %s ms; next try %s rows",
-                             bid, next_page, size, self.max_query_ms, optimizer.size)
-            emit(primary, Watermark(bid, next_page, "high", token=page.token), key)
-            optimizer = optimizer.observe(size, page.read_ms, page.rows)
-            progress.pages_staged += 1
-            progress.rows_staged += page.rows
-            progress.rows_read_this_run += page.rows
-            self.flow.backlog_estimate += page.rows
-            progress.page_size = optimizer.size
-            if page.cursor is not None:
-                cursor = page.cursor
-            progress.cursor = cursor
-            reading = page.rows >= size
-            next_page += 1
-            self.flow.cleanup(state, bid)
-            self._report(state, progress, started, "running" if reading else "completing")
-        if progress.status not in ("interrupted", "cancelled"):
-            self._await_completion(src, state, progress, started)
-        self._finish(state, progress, started)
+            except psycopg.errors.QueryCanceled:
+                progress.timeouts += 1
+                at.optimizer = at.optimizer.observe_timeout(size)
+                log.info("backfill %s page %s: select of %s rows exceeded %s ms; next try %s rows",
+                         bid, at.page, size, self.max_query_ms, at.optimizer.size)
+        emit(primary, Watermark(bid, at.page, "high", token=page.token), key)
+        at.optimizer = at.optimizer.observe(size, page.read_ms, page.rows)
+        progress.pages_staged += 1
+        progress.rows_staged += page.rows
+        progress.rows_read_this_run += page.rows
+        self.flow.backlog_estimate += page.rows
+        progress.page_size = at.optimizer.size
+        if page.cursor is not None:
+            at.cursor = page.cursor
+        progress.cursor = at.cursor
+        at.reading = page.rows >= size
+        at.page += 1
+        return True
 
     def _finish(self, state: psycopg.Connection, progress: Progress, started: float) -> None:
         if progress.status in FINISHED:

@@ -14,6 +14,7 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from datetime import datetime
 
 import psycopg
 from psycopg import sql
@@ -208,40 +209,50 @@ class PageReader:
 
     def read_and_stage(self, src: psycopg.Connection, state: psycopg.Connection, bid: str, page_no: int,
                        cursor: list[str] | None, size: int) -> Page:
-        pages = PageStore(self.schema)
-        timeout = sql.SQL("SET LOCAL statement_timeout = {}").format(sql.Literal(self.max_query_ms))
         if self.same_db:
-            # The state lives in the source database: read and stage in one statement, in the
-            # page's own transaction, so the rows never leave the server.
-            with src.transaction():
-                self._lock(src)
-                snap, read_at = src.execute("SELECT pg_current_snapshot()::text, now()").fetchone()  # type: ignore[misc]
-                self._prepare(src)
-                select = page_sql(src, self.shape, bid, page_no, cursor, self.spec.start, self.spec.end, size,
-                                  self._page_shape(src))
-                src.execute(timeout)
-                t0 = time.perf_counter()
-                row = src.execute(sql.SQL(
-                    "WITH ins AS (INSERT INTO {} {} RETURNING cursor) SELECT count(*), max(cursor) FROM ins"
-                ).format(pages.rows_table(), sql.SQL(select))).fetchone()
-                read_ms = (time.perf_counter() - t0) * 1000
-                assert row is not None
-                rows, last_cursor = int(row[0]), row[1]
-                src.execute("SET LOCAL statement_timeout = 0")
-                cur = parse_cursor(last_cursor)
-                pages.record_page(src, bid, page_no, snap, read_at, size, rows, read_ms, cur)
-            return Page(rows, cur, read_ms, page_token(snap, read_at))
-        # The state lives elsewhere: stream binary COPY TO -> COPY FROM, a block at a time, so memory stays
-        # bounded whatever the page and row sizes; neither server escapes or unescapes text, and this
-        # process only counts chunks. The page's time includes staging, as above.
+            return self._stage_in_place(src, bid, page_no, cursor, size)
+        return self._stage_across(src, state, bid, page_no, cursor, size)
+
+    def _begin_page(self, src: psycopg.Connection, bid: str, page_no: int, cursor: list[str] | None,
+                    size: int) -> tuple[str, datetime, str]:
+        """In the page's transaction: its runner lock, snapshot and read time, and its select, with the
+        statement timeout set for the read."""
+        self._lock(src)
+        snap, read_at = src.execute("SELECT pg_current_snapshot()::text, now()").fetchone()  # type: ignore[misc]
+        self._prepare(src)
+        select = page_sql(src, self.shape, bid, page_no, cursor, self.spec.start, self.spec.end, size,
+                          self._page_shape(src))
+        src.execute(sql.SQL("SET LOCAL statement_timeout = {}").format(sql.Literal(self.max_query_ms)))
+        return str(snap), read_at, select
+
+    def _stage_in_place(self, src: psycopg.Connection, bid: str, page_no: int, cursor: list[str] | None,
+                        size: int) -> Page:
+        """The state lives in the source database: read and stage in one statement, in the page's own
+        transaction, so the rows never leave the server."""
+        pages = PageStore(self.schema)
+        with src.transaction():
+            snap, read_at, select = self._begin_page(src, bid, page_no, cursor, size)
+            t0 = time.perf_counter()
+            row = src.execute(sql.SQL(
+                "WITH ins AS (INSERT INTO {} {} RETURNING cursor) SELECT count(*), max(cursor) FROM ins"
+            ).format(pages.rows_table(), sql.SQL(select))).fetchone()
+            read_ms = (time.perf_counter() - t0) * 1000
+            assert row is not None
+            rows, last_cursor = int(row[0]), row[1]
+            src.execute("SET LOCAL statement_timeout = 0")
+            cur = parse_cursor(last_cursor)
+            pages.record_page(src, bid, page_no, snap, read_at, size, rows, read_ms, cur)
+        return Page(rows, cur, read_ms, page_token(snap, read_at))
+
+    def _stage_across(self, src: psycopg.Connection, state: psycopg.Connection, bid: str, page_no: int,
+                      cursor: list[str] | None, size: int) -> Page:
+        """The state lives elsewhere: stream binary COPY TO -> COPY FROM, a block at a time, so memory stays
+        bounded whatever the page and row sizes; neither server escapes or unescapes text, and this process
+        only counts chunks. The page's time includes staging, as in place."""
+        pages = PageStore(self.schema)
         before = last = b""
         with state.transaction(), src.transaction():
-            self._lock(src)
-            snap, read_at = src.execute("SELECT pg_current_snapshot()::text, now()").fetchone()  # type: ignore[misc]
-            self._prepare(src)
-            select = page_sql(src, self.shape, bid, page_no, cursor, self.spec.start, self.spec.end, size,
-                              self._page_shape(src))
-            src.execute(timeout)
+            snap, read_at, select = self._begin_page(src, bid, page_no, cursor, size)
             t0 = time.perf_counter()
             with state.cursor().copy(sql.SQL("COPY {} FROM STDIN (FORMAT binary)").format(pages.rows_table())) \
                     as sink, src.cursor().copy(sql.SQL("COPY ({}) TO STDOUT (FORMAT binary)").format(sql.SQL(select))) \

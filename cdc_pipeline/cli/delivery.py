@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
+from typing import TYPE_CHECKING
 
 import click
 
@@ -17,8 +19,13 @@ from cdc_pipeline.cli.common import (
     stop_on_signals,
     until_options,
 )
-from cdc_pipeline.config import ConfigError
+from cdc_pipeline.config import ConfigError, PipelineConfig, SinkConfig
 from cdc_pipeline.postgres import session
+
+if TYPE_CHECKING:  # the delivery engine loads only when a verb runs
+    from cdc_pipeline.delivery.engine import Deliverer
+    from cdc_pipeline.delivery.lazy_spark import LazySpark
+    from cdc_pipeline.delivery.stats import DeliveryStats
 
 
 @click.command(cls=Verb, short_help="deliver the change log to sinks", epilog=examples(
@@ -48,20 +55,12 @@ def deliver(ctx: click.Context, sink: str | None, lane: int | None, until_idle: 
     from cdc_pipeline.delivery.lazy_spark import LazySpark
     from cdc_pipeline.delivery.pandas_free import prepare_arrow
     from cdc_pipeline.delivery.plan import SinkPlan
-    from cdc_pipeline.delivery.together import Abandoned, run_together
     from cdc_pipeline.ops.health import start_ops
     from cdc_pipeline.ops.readiness import deliverers_not_waiting
-    from cdc_pipeline.ops.signals import kill_descendants
 
     config = load(ctx)
-    sinks = [config.sink(sink)] if sink else list(config.sinks)
-    if not sinks:
-        raise ConfigError(f"{config.path}: no sinks configured")
-    if lane is not None and (sink is None or lane >= sinks[0].lanes):
-        raise ConfigError(f"--lane {lane}: " + ("give --sink too" if sink is None else
-                          f"sink {sink!r} has lanes 0 to {sinks[0].lanes - 1} (`lanes: {sinks[0].lanes}`)"))
-    prepare_arrow(needs_spark=any(SinkPlan.build(config, one).needs_record for one in sinks))
-    lanes = [(one, i) for one in sinks for i in ([lane] if lane is not None else range(one.lanes))]
+    lanes = _lanes(config, sink, lane)
+    prepare_arrow(needs_spark=any(SinkPlan.build(config, one).needs_record for one, _ in lanes))
     spark = LazySpark(config.spark)
     out = open(output, "w") if output else sys.stdout  # noqa: SIM115 - closed below
     ops = None
@@ -74,21 +73,7 @@ def deliver(ctx: click.Context, sink: str | None, lane: int | None, until_idle: 
                                              [deliverers_not_waiting(lambda: deliverers)])
         # A dry run shows what is waiting now; it does not wait for more unless given --seconds.
         once = until_idle or (dry_run and seconds is None)
-        if dry_run:  # one after the other: their messages must not interleave in the output
-            all_stats = [d.run(until_idle=once, seconds=seconds) for d in deliverers]
-        else:
-            try:
-                all_stats = run_together(deliverers, lambda d: d.run(until_idle=once, seconds=seconds),
-                                         [d.lane.name for d in deliverers], shutdown.requested,
-                                         lambda alive: spark.waiting >= alive)
-            except Abandoned as left:
-                # Only Spark's start-up is left: nothing was sent yet, so stopping now loses nothing.
-                print(f"stopped while Spark was starting for sink(s) {left}: nothing in flight", file=sys.stderr)
-                sys.stdout.flush()
-                sys.stderr.flush()
-                kill_descendants()
-                os._exit(0)
-        for stats in all_stats:
+        for stats in _run(deliverers, dry_run, once, seconds, shutdown.requested, spark):
             print(f"sink {stats.sink}: " + json.dumps(stats.as_metadata()), file=sys.stderr if dry_run else sys.stdout)
     finally:
         if ops is not None:
@@ -96,6 +81,38 @@ def deliver(ctx: click.Context, sink: str | None, lane: int | None, until_idle: 
         if out is not sys.stdout:
             out.close()
     return 0
+
+
+def _lanes(config: PipelineConfig, sink: str | None, lane: int | None) -> list[tuple[SinkConfig, int]]:
+    """What `deliver` runs a deliverer for: (sink, lane) of every lane of every sink, of --sink, or --lane."""
+    sinks = [config.sink(sink)] if sink else list(config.sinks)
+    if not sinks:
+        raise ConfigError(f"{config.path}: no sinks configured")
+    if lane is not None and (sink is None or lane >= sinks[0].lanes):
+        raise ConfigError(f"--lane {lane}: " + ("give --sink too" if sink is None else
+                          f"sink {sink!r} has lanes 0 to {sinks[0].lanes - 1} (`lanes: {sinks[0].lanes}`)"))
+    return [(one, i) for one in sinks for i in ([lane] if lane is not None else range(one.lanes))]
+
+
+def _run(deliverers: list[Deliverer], dry_run: bool, once: bool, seconds: float | None,
+         stopping: threading.Event, spark: LazySpark) -> list[DeliveryStats]:
+    """Each deliverer's run: a dry run's one after the other (their messages must not interleave in the
+    output), else all at once, each in its thread."""
+    from cdc_pipeline.delivery.together import Abandoned, run_together
+    from cdc_pipeline.ops.signals import kill_descendants
+
+    if dry_run:
+        return [d.run(until_idle=once, seconds=seconds) for d in deliverers]
+    try:
+        return run_together(deliverers, lambda d: d.run(until_idle=once, seconds=seconds),
+                            [d.lane.name for d in deliverers], stopping, lambda alive: spark.waiting >= alive)
+    except Abandoned as left:
+        # Only Spark's start-up is left: nothing was sent yet, so stopping now loses nothing.
+        print(f"stopped while Spark was starting for sink(s) {left}: nothing in flight", file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        kill_descendants()
+        os._exit(0)
 
 
 @click.command(cls=Verb, short_help="list, retry or discard parked messages", epilog=examples(

@@ -120,16 +120,18 @@ def _parse_array_general(text: str, element: ElementParser, delimiter: str = ","
             if not expect_item or not stack or nested[-1]:
                 raise ValueError(f"unexpected element at offset {m.start()}: {text[:50]!r}")
             nested[-1] = False
-            raw = m.group(kind)
-            value: object
-            if kind == "bare" and "\\" not in raw and raw in _NULLS:
-                value = None  # only an unquoted, unescaped NULL is SQL NULL
-            else:
-                if "\\" in raw:
-                    raw = _UNESCAPE.sub(r"\1", raw)
-                value = raw if element is None else element(raw)
-            stack[-1].append(value)
+            stack[-1].append(_element_value(kind, m.group(kind), element))
             expect_item, allow_close = False, False
     if root is None:
         raise ValueError(f"unterminated array literal: {text[:50]!r}")
     return root
+
+
+def _element_value(kind: str, raw: str, element: ElementParser) -> object:
+    """A scalar token's value: only an unquoted, unescaped NULL is SQL NULL; escapes are undone before
+    ``element`` converts it."""
+    if kind == "bare" and "\\" not in raw and raw in _NULLS:
+        return None
+    if "\\" in raw:
+        raw = _UNESCAPE.sub(r"\1", raw)
+    return raw if element is None else element(raw)

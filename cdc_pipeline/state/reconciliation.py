@@ -123,8 +123,7 @@ class ReconcileStore(SchemaStore):
             "  SELECT t.pk FROM touched t WHERE t.pk IS NOT NULL"
             "  UNION"
             "  SELECT {old_pk} FROM touched t WHERE t.action = 'update' AND t.changes ?| %(pk)s::text[]"
-            "), ins AS ("
-            "  INSERT INTO {s}.change_log (commit_lsn, commit_idx, xid, table_schema, table_name, action, pk, record,"
+            ") INSERT INTO {s}.change_log (commit_lsn, commit_idx, xid, table_schema, table_name, action, pk, record,"
             "    changes, commit_ts, backfill_id, tup, texts)"
             "  SELECT %(lsn)s, %(idx)s + r.seq - 1, NULL, %(schema)s, %(table)s, 'read',"
             "    r.pk, r.record, NULL, %(read_at)s, %(id)s, r.tup, r.texts"
@@ -132,9 +131,7 @@ class ReconcileStore(SchemaStore):
             "  WHERE r.backfill_id = %(id)s AND r.page_no = %(page)s"
             "    AND NOT EXISTS (SELECT 1 FROM touched t WHERE t.action = 'truncate')"
             "    AND NOT EXISTS (SELECT 1 FROM stale x WHERE x.pk = r.pk)"
-            "  RETURNING 1"
-            ") SELECT count(*) FROM ins"
         ).format(s=self.s, unseen=unseen_sql, old_pk=old_pk)
-        row = execute(conn, query, params).fetchone()
-        return int(row[0]) if row else 0
+        # The command's own row count: RETURNING would keep every inserted row in a tuplestore to count them.
+        return max(0, execute(conn, query, params).rowcount)
 
