@@ -176,7 +176,12 @@ class ChangeLog(SchemaStore):
 
     def head_run(self, conn: psycopg.Connection, tables: Sequence[str], after: Position, limit: int,
                  sink: str) -> typed_log.TypedRun | None:
-        """The run of typed reads, or of other messages, at the head of a sink's log (state/typed_log.py)."""
+        """The run of typed reads, or of other messages, at the head of a sink's log (state/typed_log.py): read
+        off the reconciled pages' positions when it is their reads alone, else found with a scan."""
+        typed_log.scan_in_log_order(conn)
+        run = typed_log.page_run(conn, self.schema, tables, sink, after, limit)
+        if run is not None:
+            return run
         return typed_log.head_run(conn, self.schema, self.routing(sink), (list(tables), sink), after, limit)
 
     def relay_rows(self, conn: psycopg.Connection, tables: Sequence[str], after: Position, run: typed_log.TypedRun,

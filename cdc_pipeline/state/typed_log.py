@@ -13,6 +13,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -81,6 +82,87 @@ def head_run(conn: psycopg.Connection, schema: str, routing: sql.Composable, par
     numbers: dict[Columns, int] = {}
     shape_of = {bid: numbers.setdefault(cols, len(numbers)) for bid, cols in by_bid.items()}
     return TypedRun(True, run.count, run.last, run.last_commit_ts, tuple(numbers), shape_of, tuple(tables))
+
+
+PAGES_AHEAD = 16  # reconciled pages looked at for one run (a run is at most a batch: a few pages)
+
+
+def page_run(conn: psycopg.Connection, schema: str, tables: Sequence[str], sink: str, after: Position,
+             limit: int) -> TypedRun | None:
+    """The run at the head of a sink's log when it is typed reads of reconciled pages and nothing else, found
+    from the pages' position ranges (a page's reads are logged at ``(high_lsn, high_idx + seq - 1)``, seq
+    1..rows, a dropped read leaving its position empty) instead of a scan with a window: the run is the
+    pages' reads after ``after`` up to ``limit``, and it is that only if the log holds exactly so many rows in
+    the range, all typed reads of those backfills (one count over the key's index range). None: not so
+    (another message in the range, a JSON page, a cut inside a page with dropped reads): ``head_run`` finds
+    the run. The log's reconciliation (state/reconciliation.py) is trusted for nothing but finding the range."""
+    s = sql.Identifier(schema)
+    pages = conn.execute(sql.SQL(
+        "SELECT p.backfill_id, p.high_lsn, p.high_idx, p.rows, p.dropped, b.table_schema, b.table_name "
+        "FROM {s}.backfill_pages p JOIN {s}.backfills b ON b.id = p.backfill_id WHERE %s = ANY(b.sinks) "
+        "AND b.table_schema || '.' || b.table_name = ANY(%s) AND b.typed_columns IS NOT NULL "
+        "AND p.status = 'reconciled' AND (p.high_lsn, p.high_idx + p.rows - 1) > (%s, %s) "
+        "ORDER BY p.high_lsn, p.high_idx LIMIT %s").format(s=s),
+        (sink, list(tables), *after, PAGES_AHEAD)).fetchall()
+    spans = _spans(pages, after, limit)
+    if not spans:
+        return None
+    # Each page's range counted (one index range read in all): the run is the pages up to the first whose
+    # range holds anything but its own typed reads (a change between two pages ends a run).
+    ends = [end for _, end, _, _ in spans]
+    counts = conn.execute(sql.SQL(
+        "SELECT c.n, c.typed FROM unnest(%s::bigint[], %s::integer[], %s::bigint[], %s::integer[], %s::text[]) "
+        "WITH ORDINALITY AS r(lo_lsn, lo_idx, hi_lsn, hi_idx, bid, i), LATERAL (SELECT count(*) AS n, "
+        "count(*) FILTER (WHERE tup IS NOT NULL AND backfill_id = r.bid) AS typed FROM {s}.change_log "
+        "WHERE (commit_lsn, commit_idx) > (r.lo_lsn, r.lo_idx) AND (commit_lsn, commit_idx) <= (r.hi_lsn, r.hi_idx)) c "
+        "ORDER BY r.i").format(s=s),
+        ([e[0] for e in [after, *ends[:-1]]], [e[1] for e in [after, *ends[:-1]]], [e[0] for e in ends],
+         [e[1] for e in ends], [bid for bid, _, _, _ in spans])).fetchall()
+    taken = 0
+    for (_, _, reads, _), (n, typed) in zip(spans, counts, strict=True):
+        if (int(n), int(typed)) != (reads, reads):
+            break
+        taken += 1
+    span = spans[:taken]
+    if not span or not sum(n for _, _, n, _ in span):
+        return None
+    count, end, bids = sum(n for _, _, n, _ in span), span[-1][1], sorted({bid for bid, _, _, _ in span})
+    last = conn.execute(sql.SQL(
+        "SELECT commit_lsn, commit_idx, commit_ts FROM {s}.change_log WHERE (commit_lsn, commit_idx) <= (%s, %s) "
+        "ORDER BY commit_lsn DESC, commit_idx DESC LIMIT 1").format(s=s), end).fetchone()
+    assert last is not None  # the range holds `count` rows
+    by_bid = shapes(conn, schema, sorted(bids))
+    numbers: dict[Columns, int] = {}
+    shape_of = {bid: numbers.setdefault(cols, len(numbers)) for bid, cols in by_bid.items()}
+    tables_of = {bid: table for bid, _, _, table in span}
+    return TypedRun(True, count, (int(last[0]), int(last[1])), last[2], tuple(numbers), shape_of,
+                    tuple(sorted(set(tables_of.values()))))
+
+
+def _spans(pages: Sequence[tuple[Any, ...]], after: Position, limit: int
+           ) -> list[tuple[str, Position, int, tuple[str, str]]]:
+    """(backfill, last position, reads, table) of each page's share of a run after ``after`` of at most
+    ``limit`` reads: a page's reads are counted from its figures, so a page with empty positions (dropped
+    reads) is cut nowhere but at its ends."""
+    out: list[tuple[str, Position, int, tuple[str, str]]] = []
+    count = 0
+    for bid, lsn, idx, rows, dropped, schema_name, table in pages:
+        lsn, idx, rows, dropped = int(lsn), int(idx), int(rows), int(dropped or 0)
+        first = max(idx, after[1] + 1) if lsn == after[0] else idx
+        if first > idx and dropped:
+            break  # the offset inside a page with empty positions: its reads left are not known
+        reads, last_idx = (rows - dropped if first == idx else idx + rows - first), idx + rows - 1
+        if count + reads > limit:
+            if dropped:
+                break
+            reads, last_idx = limit - count, first + limit - count - 1
+        if reads <= 0:
+            break
+        count += reads
+        out.append((str(bid), (lsn, last_idx), reads, (str(schema_name), str(table))))
+        if count >= limit:
+            break
+    return out
 
 
 class RunRows:

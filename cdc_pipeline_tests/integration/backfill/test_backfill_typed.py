@@ -503,3 +503,50 @@ def test_a_typed_run_into_a_partly_filled_mirror_falls_back_to_the_merge(db_fact
         mine = dconn.execute("SELECT commit_lsn, commit_idx FROM cdc_pipeline_sink.offsets "
                              "WHERE sink = 'mirror'").fetchone()
     assert last is not None and mine == last
+
+
+def test_a_run_read_off_the_reconciled_pages_is_the_scanned_run_or_none(db_factory) -> None:
+    """``page_run`` finds the run at the head of a sink's log from its pages' position ranges: the run the scan
+    (``head_run``) finds, or a shorter one (a change between two pages ends it after the first), or none when
+    the range holds anything but those pages' typed reads (a JSON page) or the offset is inside a page with
+    dropped reads. Pages: A at 100 (10 reads), B at 200 (10 positions, 2 dropped), a change of the table
+    at 150 between them, another table's change at 250, C at 300 (10 reads, JSON)."""
+    from cdc_pipeline.state import typed_log
+    from cdc_pipeline.state.change_log import ChangeLog
+    from cdc_pipeline.state.schema import ensure_schema
+
+    db = db_factory()
+    tables, s = ["public.t"], "cdc_pipeline"
+    with psycopg.connect(db.dsn) as conn:
+        ensure_schema(conn, s)
+        conn.execute("INSERT INTO cdc_pipeline.backfills (id, mac_key, identity, table_schema, table_name, sinks, "
+                     "primary_key, keyset, typed_type, typed_columns) VALUES ('b1', 'k', 'i', 'public', 't', "
+                     "'{mirror}', '{id}', '{id}', 'x', '[[\"id\", \"integer\"]]')")
+        for page, (lsn, dropped) in enumerate([(100, 0), (200, 2), (300, 0)]):
+            conn.execute("INSERT INTO cdc_pipeline.backfill_pages (backfill_id, page_no, snapshot, read_at, page_size, "
+                         "rows, read_ms, last, status, dropped, high_lsn, high_idx) VALUES ('b1', %s, '', now(), 10, "
+                         "10, 1, false, 'reconciled', %s, %s, 0)", (page, dropped, lsn))
+        log = ("INSERT INTO cdc_pipeline.change_log (commit_lsn, commit_idx, table_schema, table_name, action, "
+               "commit_ts, backfill_id, tup) SELECT %s, i, %s, 't', %s, now(), %s, %s FROM generate_series(%s::int, %s::int) i")
+        conn.execute(log, (100, "public", "read", "b1", "(1)", 0, 9))
+        conn.execute(log, (150, "public", "update", None, None, 0, 0))
+        conn.execute(log, (200, "public", "read", "b1", "(1)", 0, 3))
+        conn.execute(log, (200, "public", "read", "b1", "(1)", 6, 9))  # 4 and 5 dropped
+        conn.execute(log, (250, "other", "insert", None, None, 0, 0))
+        conn.execute(log, (300, "public", "read", "b1", None, 0, 9))  # a JSON page
+        conn.commit()
+
+        def runs(after: tuple[int, int], limit: int) -> tuple[Any, Any]:
+            page = typed_log.page_run(conn, s, tables, "mirror", after, limit)
+            scan = typed_log.head_run(conn, s, ChangeLog(s).routing("mirror"), (tables, "mirror"), after, limit)
+            conn.rollback()
+            return (None if page is None else (page.count, page.last, page.tables)), (scan.count, scan.last)
+
+        table = (("public", "t"),)
+        assert runs((0, -1), 100) == ((10, (100, 9), table), (10, (100, 9)))  # the change at 150 ends it
+        assert runs((0, -1), 4) == ((4, (100, 3), table), (4, (100, 3)))
+        assert runs((100, 4), 100) == ((5, (100, 9), table), (5, (100, 9)))
+        assert runs((150, 0), 100) == ((8, (200, 9), table), (8, (200, 9)))  # the other table's change ends it
+        assert runs((150, 0), 5) == (None, (5, (200, 6)))  # a cut inside a page with dropped reads
+        assert runs((200, 1), 100) == (None, (6, (200, 9)))  # the offset inside a page with dropped reads
+        assert runs((250, 0), 100)[0] is None  # a JSON page
