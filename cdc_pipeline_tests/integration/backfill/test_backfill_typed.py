@@ -412,8 +412,9 @@ def test_a_run_copied_into_an_empty_key_range_is_its_composite_text_cast_or_noth
     """The fast path of a run (typed.copy_run): composite texts relayed as COPY text and COPYed into the mirror
     table as CSV give exactly the rows their cast to the row type gives (every type, quotes, backslashes,
     tabs, newlines, NULL and ''), in one block or one block per row. A key already there, a key twice in the
-    run, or a key a concurrent writer is inserting makes it write nothing (its savepoint), and a mirror table
-    that lacks a column of the reads or has another type for one is not copied to."""
+    run, or a key a concurrent writer is inserting makes it write nothing (its savepoint), a mirror table
+    that lacks a column of the reads or has another type for one is not copied to, and one with a column
+    of its own is (that column takes its default)."""
     import threading
     from dataclasses import replace
 
@@ -467,6 +468,12 @@ def test_a_run_copied_into_an_empty_key_range_is_its_composite_text_cast_or_noth
         assert not typed.copyable(other_type, columns, "public", "typed")
         with pytest.raises(typed.TypedMismatch):
             typed.copyable(info, columns[1:], "public", "typed")
+        # A column the reads do not have (the mirror's own) takes its default, as the INSERT gives it.
+        conn.execute("ALTER TABLE public.m ADD COLUMN extra text DEFAULT 'd'; TRUNCATE public.m")
+        info = describe_table(conn, "public", "m")
+        assert info is not None and typed.copyable(info, columns, "public", "typed")
+        assert typed.copy_run(conn, ("public", "m"), columns, rows) == 3
+        assert conn.execute("SELECT array_agg(extra) FROM public.m").fetchone() == (["d", "d", "d"],)
 
 
 def test_a_typed_run_into_a_partly_filled_mirror_falls_back_to_the_merge(db_factory, write_config, spark,
