@@ -312,7 +312,7 @@ def timed_delivery(config_path: Path, rows: int) -> dict[str, float]:
     timed(reader, "messages_from", "Arrow -> messages")
     timed(pg_sink.PostgresSink, "_apply", "sink: COPY to stage + MERGE")
     timed(change_log.ChangeLog, "head_run", "find the next run of typed reads in the log")
-    timed(pg_sink.PostgresSink, "deliver_typed_run", "typed run relayed: log COPY -> mirror COPY + MERGE")
+    timed(pg_sink.PostgresSink, "deliver_typed_run", "typed run relayed: log COPY -> mirror COPY (or stage + INSERT/MERGE)")
     # Loading and staging run one batch ahead, beside the sink: time batches by when each was settled.
     sent: list[tuple[int, float]] = []
     original_settle, original_relay = settle.Settler.settle, reader.Reader.relay_run
