@@ -13,12 +13,13 @@ import psycopg
 
 from cdc_pipeline.config import PipelineConfig, SinkConfig
 from cdc_pipeline.core.positions import Position
-from cdc_pipeline.delivery.engine import Deliverer, Parts
+from cdc_pipeline.delivery.engine import Deliverer
 from cdc_pipeline.delivery.housekeeping import Housekeeping
 from cdc_pipeline.delivery.lane_keeper import LaneKeeper
 from cdc_pipeline.delivery.lazy_spark import LazySpark
 from cdc_pipeline.delivery.offset import OffsetKeeper
 from cdc_pipeline.delivery.parking import ParkingLot
+from cdc_pipeline.delivery.parts import Parts
 from cdc_pipeline.delivery.run_pass import Pass
 from cdc_pipeline.delivery.staging import StageFailure
 from cdc_pipeline.delivery.stats import DeliveryStats

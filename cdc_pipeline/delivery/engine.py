@@ -14,7 +14,6 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import psycopg
@@ -23,12 +22,11 @@ from cdc_pipeline.config import PipelineConfig, SinkConfig
 from cdc_pipeline.core.positions import Position
 from cdc_pipeline.delivery.enrichment import Enricher
 from cdc_pipeline.delivery.feed import Feed
-from cdc_pipeline.delivery.housekeeping import Housekeeping
-from cdc_pipeline.delivery.lane_keeper import LaneKeeper, LockStillHeld, SinkBusy, send_lock
+from cdc_pipeline.delivery.lane_keeper import LockStillHeld, SinkBusy, send_lock
 from cdc_pipeline.delivery.lazy_spark import LazySpark
-from cdc_pipeline.delivery.offset import OffsetKeeper
 from cdc_pipeline.delivery.outage import Liveness, ride_through
-from cdc_pipeline.delivery.parking import RETRY_CHUNK, ParkingLot
+from cdc_pipeline.delivery.parking import RETRY_CHUNK
+from cdc_pipeline.delivery.parts import RECORDING, Parts
 from cdc_pipeline.delivery.plan import SinkPlan
 from cdc_pipeline.delivery.reader import Blocks, Reader
 from cdc_pipeline.delivery.relay import Relay
@@ -52,7 +50,7 @@ from cdc_pipeline.state.sink_offsets import SinkOffsets
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["Deliverer", "DeliveryStats", "Parts", "SinkBusy", "send_lock"]
+__all__ = ["Deliverer", "DeliveryStats", "SinkBusy", "send_lock"]
 
 # A window of several calls is let drain this often, so parked retries, a replay's turn, a change of lanes
 # and the run's time limit get in between sends (a window of one call drains after every call).
@@ -60,19 +58,9 @@ HOUSEKEEPING_SECONDS = 1.0
 SETTLE_SECONDS = 0.2  # a wider window settles the calls done at its head this often (one state commit: a WAL flush)
 
 
-@dataclass(frozen=True)
-class Parts:
-    """The state side's parts, by class (a dry run's record nothing: dry_run.py)."""
-
-    offsets: type[OffsetKeeper] = OffsetKeeper
-    parking: type[ParkingLot] = ParkingLot
-    lane: type[LaneKeeper] = LaneKeeper
-    housekeeping: type[Housekeeping] = Housekeeping
-
-
 class Deliverer:
     def __init__(self, config: PipelineConfig, sink_config: SinkConfig, spark: SparkSession | LazySpark,
-                 sink: Sink | None = None, lane: int = 0, parts: Parts = Parts()) -> None:
+                 sink: Sink | None = None, lane: int = 0, parts: Parts = RECORDING) -> None:
         self.config, self.sink_config, self.spark = config, sink_config, spark
         # The state tables, each handed to the parts that use it: the log, the offsets, the parked messages.
         schema = config.state.schema_name
