@@ -48,8 +48,8 @@ class Relay:
         typed_runs = self.sink.typed_runs
         assert typed_runs is not None  # asked only of a sink that takes typed rows (reader.py)
         self.sink.context.ceiling = None  # nothing of the run is parked
-        with self.change_log.relay_rows(source, self.sink_config.tables, after, run, name) as blocks:
-            error = typed_runs(run, blocks)
+        with self.change_log.relay_rows(source, self.sink_config.tables, after, run, name) as rows:
+            error = typed_runs(run, rows)  # it asks for the rows in the form it writes (typed_log.RunRows)
         source.commit()
         if error is not None:
             log.info("sink %s: a run of %d typed reads was rejected (%s); delivering it message by message",

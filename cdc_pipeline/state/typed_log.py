@@ -1,11 +1,12 @@
 """Runs of typed reads in the log, streamed to a sink that writes them as they are (sinks/postgres/typed.py).
 
 A sink that takes typed rows gets the log in runs: the messages after its offset up to the first one of the
-other kind. A run of typed reads never becomes Arrow or Python objects: it is relayed as COPY text rows
-``seq, table_schema, table_name, shape, tup`` from the state database straight into the destination's COPY,
-a block at a time. ``TypedRun`` says what a run holds (found with one index scan that reads no ``tup``), so
-the relay is bounded by the run's last position and checked against its row count.
-"""
+other kind. A run of typed reads never becomes Arrow or Python objects: it is relayed as COPY text from the
+state database straight into the destination's COPY, a block at a time, in the form the sink asks for
+(``RunRows``: rows ``seq, table_schema, table_name, shape, tup``, or the bare composite texts). ``TypedRun``
+says what a run holds: read off its reconciled pages' position ranges (``page_run``) or found with one index
+scan that reads no ``tup`` (``head_run``), so the relay is bounded by the run's last position and checked
+against its row count."""
 
 from __future__ import annotations
 
