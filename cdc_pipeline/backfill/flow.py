@@ -13,7 +13,7 @@ from cdc_pipeline.config import PipelineConfig
 from cdc_pipeline.postgres import catalog
 from cdc_pipeline.state.backfill_pages import PageStore
 from cdc_pipeline.state.backfills import BackfillSpec, BackfillStore
-from cdc_pipeline.state.change_log import ChangeLog
+from cdc_pipeline.state.log_counts import LogCounts
 from cdc_pipeline.state.sink_offsets import SinkOffsets
 
 log = logging.getLogger(__name__)
@@ -71,7 +71,7 @@ class Flow:
         self.spec = spec
         self.store = store
         self.offsets = SinkOffsets(config.state.schema_name)  # the sinks' backlogs
-        self.change_log = ChangeLog(config.state.schema_name)
+        self.change_log = LogCounts(config.state.schema_name)
         self.pages = PageStore(config.state.schema_name)
         self.drain = DrainWatch(config.source.slot, store)
         self._last_backlog_check = 0.0

@@ -35,7 +35,8 @@ from cdc_pipeline.delivery.staging import StageFailure, Stager
 from cdc_pipeline.delivery.stats import DeliveryStats
 from cdc_pipeline.state.change_log import LOG_ARROW_SCHEMA, ChangeLog, LaneShare
 from cdc_pipeline.state.typed_log import TypedRun
-from cdc_pipeline.state.typed_rows import Columns, shapes_of
+from cdc_pipeline.state.typed_records import shapes_of
+from cdc_pipeline.state.typed_rows import Columns
 
 FIRST_BATCH = 1000
 

@@ -13,9 +13,9 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 from psycopg import sql
 
-from cdc_pipeline.core.positions import END, START
-from cdc_pipeline.state import typed_log, typed_rows
-from cdc_pipeline.state.base import Position, SchemaStore
+from cdc_pipeline.state import typed_log, typed_records
+from cdc_pipeline.state.base import Position
+from cdc_pipeline.state.log_counts import LogCounts, sink_params
 
 LOG_ARROW_SCHEMA = pa.schema([
     ("commit_lsn", pa.int64()), ("commit_idx", pa.int32()), ("xid", pa.int64()),
@@ -93,26 +93,14 @@ class LaneBlock:
     covered: int
 
 
-def _sink(sink: str | None) -> tuple[str, ...]:
-    return () if sink is None else (sink,)
-
-
-class ChangeLog(SchemaStore):
+class ChangeLog(LogCounts):
     """The `change_log` table as delivery reads it: a sink sees its tables' changes and the backfill reads
-    meant for it (``routing``), in position order."""
+    meant for it (``routing``, log_counts.py), in position order, loaded as Arrow."""
 
     def select(self, conn: psycopg.Connection, where: sql.Composable, params: Sequence[object]) -> pa.Table:
         """The log rows that ``where`` (the query's tail from WHERE on) selects, as LOG_ARROW_SCHEMA: typed
         reads with their records made from the typed rows."""
         return copy_arrow(conn, sql.SQL(_SELECT).format(self.s) + where, params)
-
-    def routing(self, sink: str | None) -> sql.Composable:
-        """Backfill reads reach only the sinks their backfill targets; changes reach every sink. A condition
-        on the sink's name (a parameter, after the tables'), to go after a WHERE."""
-        if sink is None:
-            return sql.SQL("")
-        return sql.SQL("AND (backfill_id IS NULL OR backfill_id IN "
-                       "(SELECT id FROM {}.backfills WHERE %s = ANY(sinks))) ").format(self.s)
 
     def load_batch(self, conn: psycopg.Connection, tables: Sequence[str], after: Position, limit: int,
                    sink: str | None = None, max_bytes: int | None = None, typed: bool = False) -> pa.Table:
@@ -121,8 +109,8 @@ class ChangeLog(SchemaStore):
         reads keep their typed row (column ``tup``, record null) instead of being turned into JSON."""
         where = sql.SQL("WHERE (commit_lsn, commit_idx) > (%s, %s) AND table_schema || '.' || table_name = ANY(%s) "
                         "{routing}ORDER BY commit_lsn, commit_idx LIMIT %s").format(routing=self.routing(sink))
-        params: tuple[object, ...] = (after[0], after[1], list(tables), *_sink(sink), limit)
-        # Typed reads are loaded as they are; for JSON they are turned into records here (typed_rows.py).
+        params: tuple[object, ...] = (after[0], after[1], list(tables), *sink_params(sink), limit)
+        # Typed reads are loaded as they are; for JSON they are turned into records here (typed_records.py).
         select = _SELECT_TYPED
         if max_bytes is None:
             query: sql.Composable = sql.SQL(select).format(self.s) + where
@@ -138,7 +126,7 @@ class ChangeLog(SchemaStore):
             params = (*params, max_bytes)
         typed_log.scan_in_log_order(conn)
         batch = copy_arrow(conn, query, params, LOG_ARROW_SCHEMA_TYPED)
-        return batch if typed else typed_rows.with_records(conn, self.schema, batch)
+        return batch if typed else typed_records.with_records(conn, self.schema, batch)
 
     def load_lane_block(self, conn: psycopg.Connection, tables: Sequence[str], after: Position, limit: int,
                         share: LaneShare, sink: str | None = None, max_bytes: int | None = None,
@@ -159,7 +147,7 @@ class ChangeLog(SchemaStore):
             "AND l.table_schema || '.' || l.table_name = ANY(%s) {routing}ORDER BY l.commit_lsn, l.commit_idx "
             "LIMIT %s) w) b WHERE b._total - b._bytes < %s WINDOW o AS (ORDER BY b.commit_lsn, b.commit_idx)) c "
             "WHERE c._own OR c._end ORDER BY commit_lsn, commit_idx").format(self.s, routing=self.routing(sink))
-        params = (share.lanes, share.lane, after[0], after[1], list(tables), *_sink(sink), limit,
+        params = (share.lanes, share.lane, after[0], after[1], list(tables), *sink_params(sink), limit,
                   max_bytes if max_bytes is not None else 1 << 62)
         typed_log.scan_in_log_order(conn)
         rows = copy_arrow(conn, query, params, pa.schema([*LOG_ARROW_SCHEMA_TYPED, *_LANE_COLUMNS]))
@@ -172,7 +160,7 @@ class ChangeLog(SchemaStore):
         if not rows.column("_own")[last].as_py():  # the block's last row, another lane's: only its position counts
             rows = rows.slice(0, last)
         batch = rows.drop_columns(["_own", "_n"])
-        return LaneBlock(batch if typed else typed_rows.with_records(conn, self.schema, batch), end, end_ts, covered)
+        return LaneBlock(batch if typed else typed_records.with_records(conn, self.schema, batch), end, end_ts, covered)
 
     def head_run(self, conn: psycopg.Connection, tables: Sequence[str], after: Position, limit: int,
                  sink: str) -> typed_log.TypedRun | None:
@@ -193,40 +181,3 @@ class ChangeLog(SchemaStore):
         return self.select(conn, sql.SQL(
             "WHERE (commit_lsn, commit_idx) IN (SELECT * FROM unnest(%s::bigint[], %s::int[])) "
             "ORDER BY commit_lsn, commit_idx"), ([p[0] for p in positions], [p[1] for p in positions]))
-
-    def log_head(self, conn: psycopg.Connection, tables: Sequence[str], sink: str | None = None) -> Position:
-        row = conn.execute(sql.SQL(
-            "SELECT commit_lsn, commit_idx FROM {}.change_log WHERE table_schema || '.' || table_name = ANY(%s) "
-            "{routing}ORDER BY commit_lsn DESC, commit_idx DESC LIMIT 1").format(self.s, routing=self.routing(sink)),
-            (list(tables), *_sink(sink))).fetchone()
-        return (int(row[0]), int(row[1])) if row else START
-
-    def count_after(self, conn: psycopg.Connection, tables: Sequence[str], after: Position,
-                    sink: str | None = None, upto: Position | None = None) -> int:
-        """A sink's messages after ``after`` (and up to ``upto``, when given)."""
-        last = upto or END
-        row = conn.execute(sql.SQL(
-            "SELECT count(*) FROM {}.change_log WHERE (commit_lsn, commit_idx) > (%s, %s) "
-            "AND (commit_lsn, commit_idx) <= (%s, %s) "
-            "AND table_schema || '.' || table_name = ANY(%s) {routing}").format(self.s, routing=self.routing(sink)),
-            (after[0], after[1], last[0], last[1], list(tables), *_sink(sink))).fetchone()
-        return int(row[0]) if row else 0
-
-    def backlog(self, conn: psycopg.Connection, tables: Sequence[str], after: Position, sink: str, limit: int) -> int:
-        """Like count_after, but stops counting at ``limit`` (cheap enough to ask often)."""
-        row = conn.execute(sql.SQL(
-            "SELECT count(*) FROM (SELECT 1 FROM {}.change_log WHERE (commit_lsn, commit_idx) > (%s, %s) "
-            "AND table_schema || '.' || table_name = ANY(%s) {routing}LIMIT %s) t").format(
-                self.s, routing=self.routing(sink)),
-            (after[0], after[1], list(tables), *_sink(sink), limit)).fetchone()
-        return int(row[0]) if row else 0
-
-    def oldest_age(self, conn: psycopg.Connection, tables: Sequence[str], after: Position,
-                   sink: str | None = None) -> float | None:
-        """Seconds since the commit of the first message after ``after`` (a sink's lag), None if none."""
-        row = conn.execute(sql.SQL(
-            "SELECT extract(epoch FROM now() - commit_ts)::float8 FROM {}.change_log "
-            "WHERE (commit_lsn, commit_idx) > (%s, %s) AND table_schema || '.' || table_name = ANY(%s) "
-            "{routing}ORDER BY commit_lsn, commit_idx LIMIT 1").format(self.s, routing=self.routing(sink)),
-            (after[0], after[1], list(tables), *_sink(sink))).fetchone()
-        return max(0.0, float(row[0])) if row and row[0] is not None else None
