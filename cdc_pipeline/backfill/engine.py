@@ -25,20 +25,19 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import psycopg
 
 from cdc_pipeline.backfill.flow import Flow
-from cdc_pipeline.backfill.page_size import PageSizeOptimizer
+from cdc_pipeline.backfill.page_loop import PageLoop
 from cdc_pipeline.backfill.progress import Progress
-from cdc_pipeline.backfill.reader import PageReader, emit, page_sql
+from cdc_pipeline.backfill.reader import PageReader, page_sql
 from cdc_pipeline.backfill.request import BackfillRequest, TableShape, resolve, table_shape
 from cdc_pipeline.backfill.typed import typed_columns, wanted
-from cdc_pipeline.backfill.watermark import Watermark, page_token
 from cdc_pipeline.config import PipelineConfig, redact
 from cdc_pipeline.core.backoff import next_delay_ms
-from cdc_pipeline.postgres import session, standby
+from cdc_pipeline.postgres import session
 from cdc_pipeline.state.backfills import FINISHED, BackfillConflict, BackfillStore
 from cdc_pipeline.state.typed_rows import ensure_row_type, record_shape
 
@@ -47,20 +46,9 @@ __all__ = ["Backfiller", "BackfillRequest", "Progress", "TableShape", "page_sql"
 log = logging.getLogger(__name__)
 
 APP_NAME = "cdc_pipeline.backfill"
-POLL_SECONDS = 0.05
 # After a lost session, how long the runner lock may stay held (by our old session, until the server ends
 # it: its keepalives take about 30 s) before another runner is assumed.
 LOCK_WAIT_S = 90.0
-
-
-@dataclass
-class _ReadPoint:
-    """Where a runner's reading stands: the next page, its cursor, whether pages are left, the page size."""
-
-    page: int
-    cursor: list[str] | None
-    reading: bool
-    optimizer: PageSizeOptimizer
 
 
 class RunnerLockHeld(RuntimeError):
@@ -168,7 +156,9 @@ class Backfiller:
                 return progress  # finished while the session was lost
             reader = replace(reader, typed=self._typed_shape(src, state, progress.backfill_id, shape.generated))
             try:
-                self._run(src, state, reader, progress, started)
+                PageLoop(self.config, self.store, self.flow, self._stop, self._report, self.max_query_ms).run(
+                    src, state, self._primary, reader, progress, started)
+                self._finish(state, progress, started)
             except BaseException as exc:
                 if not session.connection_lost(exc):  # a lost one is retried by run()
                     progress.status = "failed"
@@ -250,138 +240,11 @@ class Backfiller:
             log.warning("backfill %s failed (%s) and the error could not be recorded: %s",
                         backfill_id, error[:200], type(exc).__name__)
 
-    def _run(self, src: psycopg.Connection, state: psycopg.Connection, reader: PageReader, progress: Progress,
-             started: float) -> None:
-        bid = progress.backfill_id
-        key = self.store.mac_key(state, bid)
-        primary = self._primary or src
-        at = self._resume_point(state, primary, bid, key, progress)
-        while at.reading:
-            gate = self._gate(src, state, progress, started)
-            if gate == "stop":
-                break
-            if gate == "wait":
-                continue
-            if not self._read_page(src, state, primary, reader, key, at, progress):
-                break
-            self.flow.cleanup(state, bid)
-            self._report(state, progress, started, "running" if at.reading else "completing")
-        if progress.status not in ("interrupted", "cancelled"):
-            self._await_completion(src, state, progress, started)
-        self._finish(state, progress, started)
-
-    def _resume_point(self, state: psycopg.Connection, primary: psycopg.Connection, bid: str, key: str | None,
-                      progress: Progress) -> _ReadPoint:
-        """Where reading goes on: after the last staged page whose rows are still there, with every staged
-        page's high watermark sent again (see the module docstring)."""
-        cfg = self.config.backfill
-        pages = self.store.pages(state, bid)
-        lost = self.flow.pages.first_lost(state, bid)
-        if lost is not None:
-            log.warning("backfill %s: the staged rows of pages %s-%s are gone (the state database crashed?): "
-                        "reading them again", bid, lost, pages[-1]["page_no"])
-            self.flow.pages.discard_from(state, bid, lost)
-            pages = [p for p in pages if p["page_no"] < lost]
-        for page in pages:
-            if page["status"] == "staged":
-                emit(primary, Watermark(bid, page["page_no"], "high", token=page_token(page["snapshot"], page["read_at"])),
-                     key)
-        last = pages[-1] if pages else None
-        at = _ReadPoint(
-            page=last["page_no"] + 1 if last else 0,
-            cursor=list(last["cursor"]) if last and last["cursor"] is not None else None,
-            reading=not (last and last["last"]),
-            optimizer=PageSizeOptimizer(max_query_ms=self.max_query_ms, maximum=cfg.max_page_size, initial=min(
-                next((int(p["page_size"]) for p in reversed(pages)), cfg.initial_page_size), cfg.max_page_size)))
-        progress.resumed_from_page = at.page if progress.resumed else 0
-        progress.pages_staged = len(pages)
-        progress.rows_staged = sum(int(p["rows"]) for p in pages)
-        progress.page_size = at.optimizer.size
-        if progress.resumed:
-            log.info("backfill %s: resuming at page %s, cursor %s", bid, at.page, at.cursor)
-        return at
-
-    def _gate(self, src: psycopg.Connection, state: psycopg.Connection, progress: Progress, started: float) -> str:
-        """Before a page: "stop" (stopped, cancelled), "wait" (paused, or flow control holds reading), "go"."""
-        bid = progress.backfill_id
-        if self._stop.is_set():
-            progress.status = "interrupted"
-            return "stop"
-        status = self.store.status(state, bid)
-        if status == "cancelled":
-            progress.status = "cancelled"
-            return "stop"
-        staged = self.flow.staged(state, bid)
-        progress.drain_warning = self.flow.drain.update(src, state, staged)
-        if status == "paused":
-            self._report(state, progress, started, "paused", "paused: `cdc-pipeline backfill resume " + bid + "`")
-            time.sleep(0.5)
-            return "wait"
-        wait = self.flow.must_wait(state, bid, staged)
-        if wait:
-            self._report(state, progress, started, "waiting", wait)
-            time.sleep(POLL_SECONDS)
-            return "wait"
-        return "go"
-
-    def _read_page(self, src: psycopg.Connection, state: psycopg.Connection, primary: psycopg.Connection,
-                   reader: PageReader, key: str | None, at: _ReadPoint, progress: Progress) -> bool:
-        """Read and stage the page at ``at`` between its watermarks and move ``at`` past it; False when
-        stopped while a standby caught up."""
-        bid = progress.backfill_id
-        self.flow.pages.count_attempt(state, bid)
-        progress.page_attempts_this_run += 1
-        emit(primary, Watermark(bid, at.page, "low"), key)
-        # On a standby, the page's snapshot must see everything the stream places before the low watermark.
-        if primary is not src and not standby.wait_replayed(src, primary, self._stop):
-            progress.status = "interrupted"
-            return False
-        while True:
-            size = at.optimizer.size
-            try:
-                page = reader.read_and_stage(src, state, bid, at.page, at.cursor, size)
-                break
-            except psycopg.errors.QueryCanceled:
-                progress.timeouts += 1
-                at.optimizer = at.optimizer.observe_timeout(size)
-                log.info("backfill %s page %s: select of %s rows exceeded %s ms; next try %s rows",
-                         bid, at.page, size, self.max_query_ms, at.optimizer.size)
-        emit(primary, Watermark(bid, at.page, "high", token=page.token), key)
-        at.optimizer = at.optimizer.observe(size, page.read_ms, page.rows)
-        progress.pages_staged += 1
-        progress.rows_staged += page.rows
-        progress.rows_read_this_run += page.rows
-        self.flow.backlog_estimate += page.rows
-        progress.page_size = at.optimizer.size
-        if page.cursor is not None:
-            at.cursor = page.cursor
-        progress.cursor = at.cursor
-        at.reading = page.rows >= size
-        at.page += 1
-        return True
-
     def _finish(self, state: psycopg.Connection, progress: Progress, started: float) -> None:
         if progress.status in FINISHED:
             progress.drain_warning = ""
             self.store.cleanup(state, progress.backfill_id)
         self._report(state, progress, started, progress.status, force=True)
-
-    def _await_completion(self, src: psycopg.Connection, state: psycopg.Connection, progress: Progress,
-                          started: float) -> None:
-        """The last page is staged: wait for the drain to reconcile everything."""
-        bid = progress.backfill_id
-        while True:
-            status = self.store.status(state, bid)
-            if status in ("completed", "cancelled"):
-                progress.status = status
-                return
-            if self._stop.is_set():
-                progress.status = "interrupted"
-                return
-            progress.drain_warning = self.flow.watch_drain(src, state, bid)
-            self._report(state, progress, started, "completing", "waiting for the drain to reconcile the last pages")
-            self.flow.cleanup(state, bid)
-            time.sleep(POLL_SECONDS)
 
     def _report(self, state: psycopg.Connection, progress: Progress, started: float, status: str,
                 note: str = "", force: bool = False) -> None:
