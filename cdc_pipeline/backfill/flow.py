@@ -1,5 +1,5 @@
-"""Flow control for a backfill runner: how many pages may wait for the drain, a sink's backlog, whether a
-drain is there at all, and dropping staged rows once the drain has reconciled them."""
+"""Flow control for a backfill runner: how many pages may wait for the drain, a sink's backlog, and whether a
+drain is there at all. (A page's staged rows are deleted by the drain as it logs them: state/reconciliation.py.)"""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ class DrainWatch:
 
 
 class Flow:
-    """Backpressure for one backfill: staged pages, sink backlogs, the drain's presence, cleanup."""
+    """Backpressure for one backfill: staged pages, sink backlogs, the drain's presence."""
 
     def __init__(self, config: PipelineConfig, spec: BackfillSpec, store: BackfillStore) -> None:
         self.config = config
@@ -78,7 +78,6 @@ class Flow:
         self._last_backlog_count = 0.0
         self._backlog_note = ""
         self.backlog_estimate = 0
-        self._cleaned_upto = -1
 
     def staged(self, state: psycopg.Connection, bid: str) -> int:
         return self.pages.staged(state, bid)
@@ -120,7 +119,3 @@ class Flow:
                 self._backlog_note = (f"sink {name} has more than {limit} undelivered messages "
                                       f"(max_sink_backlog): waiting for delivery")
         return self._backlog_note
-
-    def cleanup(self, state: psycopg.Connection, bid: str) -> None:
-        """Delete the staged rows of pages the drain has reconciled (it no longer needs them)."""
-        self._cleaned_upto = self.pages.drop_reconciled_rows(state, bid, self._cleaned_upto)

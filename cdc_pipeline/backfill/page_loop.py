@@ -64,7 +64,6 @@ class PageLoop:
                 continue
             if not self._read_page(src, state, primary, reader, key, at, progress):
                 break
-            self.flow.cleanup(state, bid)
             self.report(state, progress, started, "running" if at.reading else "completing")
         if progress.status not in ("interrupted", "cancelled"):
             self._await_completion(src, state, progress, started)
@@ -173,5 +172,4 @@ class PageLoop:
                 return
             progress.drain_warning = self.flow.watch_drain(src, state, bid)
             self.report(state, progress, started, "completing", "waiting for the drain to reconcile the last pages")
-            self.flow.cleanup(state, bid)
             time.sleep(POLL_SECONDS)

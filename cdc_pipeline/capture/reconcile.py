@@ -9,7 +9,8 @@ inside the drain's open state transaction, with every change before the message 
   that is either between the two watermarks, or from a transaction the page's snapshot could not see
   (committed before the low watermark but not yet visible when the snapshot was taken: the commit
   record is written before the transaction leaves the proc array). Insert the rest at the high
-  watermark's position, and checkpoint the backfill, all in the drain's transaction: a drain crash
+  watermark's position (the page's staged rows deleted by the same statement), and checkpoint the backfill,
+  all in the drain's transaction: a drain crash
   replays the whole thing, and a page is reconciled once (a second high watermark for it is a no-op).
 
 Only authenticated watermarks count: any role that can log in to the source may emit a message with the

@@ -1,5 +1,5 @@
-"""State SQL of a running backfill's pages: staging records, read-side counters, flow-control figures and
-cleanup of rows the drain has reconciled (the backfills themselves: state/backfills.py)."""
+"""State SQL of a running backfill's pages: staging records, read-side counters, flow-control figures, and
+staged rows found lost (the backfills themselves: state/backfills.py)."""
 
 from __future__ import annotations
 
@@ -46,16 +46,6 @@ class PageStore(SchemaStore):
             "FILTER (WHERE status = 'reconciled' AND (high_lsn, high_idx) > (%s, %s)), 0) "
             "FROM {}.backfill_pages WHERE backfill_id = %s").format(self.s), (offset[0], offset[1], bid)).fetchone()
         return (int(row[0]), int(row[1])) if row else (0, 0)
-
-    def drop_reconciled_rows(self, conn: psycopg.Connection, bid: str, after_page: int) -> int:
-        """Delete the staged rows of reconciled pages after ``after_page``; returns the last such page."""
-        row = conn.execute(sql.SQL("SELECT max(page_no) FROM {}.backfill_pages WHERE backfill_id = %s "
-                                   "AND status = 'reconciled'").format(self.s), (bid,)).fetchone()
-        done = row[0] if row and row[0] is not None else -1
-        if done > after_page:
-            conn.execute(sql.SQL("DELETE FROM {}.backfill_rows WHERE backfill_id = %s AND page_no > %s "
-                                 "AND page_no <= %s").format(self.s), (bid, after_page, done))
-        return max(done, after_page)
 
     def first_lost(self, conn: psycopg.Connection, bid: str) -> int | None:
         """The first staged page whose rows are gone from the (unlogged) staging table, which a crash of the

@@ -91,7 +91,9 @@ class ReconcileStore(SchemaStore):
         """Log the page's staged rows as reads at `high`, minus every row a change between `low` and
         `high`, or of a transaction the snapshot could not see (`exact` xids, `ranges`), touched (or a
         truncate). Row ``seq`` (1, 2, ...) takes commit_idx ``high[1] + seq - 1``: a dropped row leaves its
-        position empty, and no sort is needed. Returns how many were logged."""
+        position empty, and no sort is needed. The staged rows are deleted by the same statement (the log
+        holds them now; the backfill runner no longer deletes them page by page). Returns how many were
+        logged."""
         unseen: list[sql.Composable] = []
         params: dict[str, object] = {
             "schema": shape.table_schema, "table": shape.table_name, "low_lsn": low[0], "low_idx": low[1],
@@ -123,13 +125,15 @@ class ReconcileStore(SchemaStore):
             "  SELECT t.pk FROM touched t WHERE t.pk IS NOT NULL"
             "  UNION"
             "  SELECT {old_pk} FROM touched t WHERE t.action = 'update' AND t.changes ?| %(pk)s::text[]"
+            "), page AS ("
+            "  DELETE FROM {s}.backfill_rows r WHERE r.backfill_id = %(id)s AND r.page_no = %(page)s"
+            "  RETURNING r.seq, r.pk, r.record, r.tup, r.texts"
             ") INSERT INTO {s}.change_log (commit_lsn, commit_idx, xid, table_schema, table_name, action, pk, record,"
             "    changes, commit_ts, backfill_id, tup, texts)"
             "  SELECT %(lsn)s, %(idx)s + r.seq - 1, NULL, %(schema)s, %(table)s, 'read',"
             "    r.pk, r.record, NULL, %(read_at)s, %(id)s, r.tup, r.texts"
-            "  FROM {s}.backfill_rows r"
-            "  WHERE r.backfill_id = %(id)s AND r.page_no = %(page)s"
-            "    AND NOT EXISTS (SELECT 1 FROM touched t WHERE t.action = 'truncate')"
+            "  FROM page r"
+            "  WHERE NOT EXISTS (SELECT 1 FROM touched t WHERE t.action = 'truncate')"
             "    AND NOT EXISTS (SELECT 1 FROM stale x WHERE x.pk = r.pk)"
         ).format(s=self.s, unseen=unseen_sql, old_pk=old_pk)
         # The command's own row count: RETURNING would keep every inserted row in a tuplestore to count them.

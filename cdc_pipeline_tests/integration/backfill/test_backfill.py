@@ -511,6 +511,8 @@ def test_reconciler_drops_what_the_snapshot_missed(db_factory):
         assert positions == [(high[0], high[1] + i) for i in (0, 5, 6, 7, 8, 9, 10, 11)]
         checkpoint = conn.execute(f"SELECT status, cursor, pages, rows_read, rows_dropped FROM {s}.backfills").fetchone()
         assert checkpoint == ("completed", ["12"], 1, 12, 12 - len(kept))
+        # The page's staged rows went with the statement that logged them, dropped ones too.
+        assert conn.execute(f"SELECT count(*) FROM {s}.backfill_rows WHERE backfill_id = 'bf'").fetchone() == (0,)
 
         # A truncate between the watermarks drops the whole page.
         conn.execute(f"INSERT INTO {s}.backfills (id, identity, table_schema, table_name, sinks, primary_key, keyset) "
@@ -524,6 +526,7 @@ def test_reconciler_drops_what_the_snapshot_missed(db_factory):
                      "commit_ts) VALUES (3500, 0, 5, 'public', 't', 'truncate', now())")
         msg = LogicalMessage(True, 4000, WATERMARK_PREFIX, signed(conn, "bf2", high_xid))
         assert reconciler(msg, 4000, 0, conn) == (2, 0)  # positions taken, nothing logged
+        assert conn.execute(f"SELECT count(*) FROM {s}.backfill_rows WHERE backfill_id = 'bf2'").fetchone() == (0,)
         conn.commit()
 
 
